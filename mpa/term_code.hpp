@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 
 namespace softrdma {
 
@@ -19,5 +20,9 @@ struct TermCode {
 
     friend constexpr bool operator==(const TermCode&, const TermCode&) = default;
 };
+
+// Result of a data-path protocol step: std::nullopt = success, otherwise the TERMINATE cause.
+// Data-path functions return this; they never throw.
+using ProtoStatus = std::optional<TermCode>;
 
 }  // namespace softrdma
