@@ -196,3 +196,20 @@ TEST_CASE("tshark finds valid checksums and a clean TCP conversation", "[wire][p
     }
     CHECK(payload == 5000 + 3001);
 }
+
+TEST_CASE("tshark's expert summary is parsed", "[wire][tshark]") {
+    const std::string text = "\nWarns (8)\n=============\n"
+                             "   Frequency      Group           Protocol  Summary\n"
+                             "           4    Request          IWARP_MPA  Res field is NOT set to zero as required\n"
+                             "\nChats (2)\n=============\n"
+                             "   Frequency      Group           Protocol  Summary\n"
+                             "           2   Sequence                TCP  Connection establish request (SYN): x\n";
+    const auto items = parse_expert_summary(text);
+    REQUIRE(items.size() == 2);
+    CHECK(items[0].severity == "Warns");
+    CHECK(items[0].count == 4);
+    CHECK(items[0].protocol == "IWARP_MPA");
+    CHECK(items[0].summary == "Res field is NOT set to zero as required");
+    CHECK(items[1].severity == "Chats");
+    CHECK(items[1].group == "Sequence");
+}

@@ -53,6 +53,24 @@ std::vector<std::string> lines_of(const std::string& text) {
     return lines;
 }
 
+std::vector<ExpertItem> parse_expert_summary(const std::string& text) {
+    std::vector<ExpertItem> items;
+    std::string severity;
+    for (const auto& line : lines_of(text)) {
+        std::istringstream in(line);
+        ExpertItem item;
+        if (line.empty() || line.front() == '=') continue;
+        if (line.front() != ' ') {  // a section title: "Warns (8)"
+            severity = line.substr(0, line.find(' '));
+        } else if (in >> item.count >> item.group >> item.protocol) {  // skips the column-title row
+            std::getline(in >> std::ws, item.summary);
+            item.severity = severity;
+            items.push_back(item);
+        }
+    }
+    return items;
+}
+
 std::vector<std::string> split(const std::string& line, char separator) {
     std::vector<std::string> fields;
     if (line.empty()) return fields;

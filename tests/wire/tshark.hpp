@@ -20,6 +20,16 @@ std::string run_tshark(const std::filesystem::path& tshark, const std::vector<st
 std::vector<std::string> lines_of(const std::string& text);
 std::vector<std::string> split(const std::string& line, char separator);
 
+// One row of `tshark -q -z expert`: how many times an expert item of that severity, group, protocol and
+// summary fired. Some items (MPA's revision warnings) are attached to no tree item, so they appear only in
+// this summary, never in -V or -T fields output.
+struct ExpertItem {
+    std::string severity;  // "Errors", "Warns", "Notes", "Chats" or "Comments"
+    unsigned long count{0};
+    std::string group, protocol, summary;
+};
+std::vector<ExpertItem> parse_expert_summary(const std::string& text);
+
 // _ws.expert.severity values (epan/proto.h PI_WARN, PI_ERROR): anything at or above warn is a finding.
 constexpr unsigned long expert_warn = 0x00600000, expert_error = 0x00800000;
 
