@@ -1,0 +1,109 @@
+// SPDX-License-Identifier: MIT
+#include "io/eal.hpp"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include <rte_eal.h>
+#include <rte_errno.h>
+#include <spdlog/spdlog.h>
+
+#include "io/error.hpp"
+
+namespace softrdma::io {
+namespace {
+
+std::atomic<bool> g_started{false};
+bool g_no_huge = false;
+
+unsigned long meminfo_value(const char* key) {
+    std::ifstream in("/proc/meminfo");
+    std::string line;
+    const std::size_t klen = std::strlen(key);
+    while (std::getline(in, line))
+        if (line.compare(0, klen, key) == 0) return std::stoul(line.substr(klen));
+    return 0;
+}
+
+bool hugetlbfs_mounted() {
+    std::ifstream in("/proc/mounts");
+    std::string dev, dir, type;
+    std::string rest;
+    while (in >> dev >> dir >> type) {
+        if (type == "hugetlbfs") return true;
+        std::getline(in, rest);
+    }
+    return false;
+}
+
+}  // namespace
+
+bool hugepages_available() noexcept {
+    try {
+        return meminfo_value("HugePages_Free:") > 0 && hugetlbfs_mounted();
+    } catch (...) {
+        return false;
+    }
+}
+
+bool eal_started() noexcept { return g_started.load(); }
+bool eal_without_hugepages() noexcept { return g_no_huge; }
+
+void start_eal(const EalConfig& cfg) {
+    if (g_started.exchange(true)) throw Error("DPDK EAL already started in this process (it cannot start twice)");
+
+    std::vector<std::string> args{"softrdma"};
+    if (!cfg.lcores.empty()) args.insert(args.end(), {"-l", cfg.lcores});
+    else args.insert(args.end(), {"-l", "0"});
+    const std::string prefix =
+        cfg.file_prefix.empty() ? "softrdma-" + std::to_string(::getpid()) : cfg.file_prefix;
+    // --in-memory: no shared runtime files, so a crashed process leaves nothing behind for the next one;
+    // the prefix still keeps two processes' names apart.
+    args.insert(args.end(), {"--file-prefix", prefix, "--in-memory", "--no-telemetry",
+                             "--log-level", std::to_string(cfg.log_level)});
+    bool pci = false;
+    for (const auto& extra : cfg.extra_args) pci = pci || extra == "-a" || extra.rfind("--allow", 0) == 0;
+    if (!pci) args.emplace_back("--no-pci");
+
+    const bool have_huge = hugepages_available();
+    switch (cfg.hugepages) {
+    case Hugepages::required:
+        if (!have_huge)
+            throw Error("no free 2 MiB hugepages or no hugetlbfs mount: run scripts/setup as root (or "
+                        "echo 512 > /proc/sys/vm/nr_hugepages; mount -t hugetlbfs nodev /dev/hugepages), "
+                        "or allow --no-huge mode (Hugepages::automatic)");
+        break;
+    case Hugepages::automatic:
+        if (!have_huge) {
+            static std::atomic<bool> said{false};
+            if (!said.exchange(true))
+                spdlog::warn("softrdma: no hugepages available; running DPDK with --no-huge "
+                             "(run scripts/setup as root to reserve them)");
+            g_no_huge = true;
+        }
+        break;
+    case Hugepages::off: g_no_huge = true; break;
+    }
+    if (g_no_huge) args.insert(args.end(), {"--no-huge", "-m", std::to_string(cfg.no_huge_memory_mb)});
+    for (const auto& v : cfg.vdevs) args.insert(args.end(), {"--vdev", v});
+    args.insert(args.end(), cfg.extra_args.begin(), cfg.extra_args.end());
+
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    const int rc = rte_eal_init(static_cast<int>(args.size()), argv.data());
+    if (rc < 0) {
+        std::ostringstream msg;
+        msg << "DPDK EAL failed to start: " << rte_strerror(rte_errno) << " (args:";
+        for (const auto& a : args) msg << ' ' << a;
+        msg << "). Check: the device strings (unknown driver, bad arguments, an af_packet interface that does "
+               "not exist), the core list (-l) against nproc, and hugepages (scripts/setup)";
+        throw Error(msg.str());
+    }
+}
+
+}  // namespace softrdma::io

@@ -1,0 +1,139 @@
+/* softrdma's lwIP 2.1.3 configuration (compiled from Debian's `lwip` source package by meson).
+ *
+ * One lwIP instance per process, raw API only, NO_SYS=1: lwIP is driven by the thread that owns it
+ * (stack::Stack::poll: RX input, timers, TX flush). Every pool is a static array sized here, with its sizing
+ * rule beside it; nothing calls malloc. When a pool runs dry lwIP returns ERR_MEM (tcp_write: back-pressure,
+ * the writer retries after ACKs) or drops an input frame (TCP retransmits it) — never an allocation.
+ */
+#ifndef SOFTRDMA_LWIPOPTS_H
+#define SOFTRDMA_LWIPOPTS_H
+
+/* ---- system --------------------------------------------------------------------------------------- */
+#define NO_SYS                          1
+#define LWIP_SOCKET                     0
+#define LWIP_NETCONN                    0
+#define LWIP_TIMERS                     1    /* sys_check_timeouts() from the polling loop */
+#define SYS_LIGHTWEIGHT_PROT            0    /* single owner thread, asserted in stack/ */
+#define LWIP_ERRNO_STDINCLUDE           1
+#define LWIP_DONT_PROVIDE_BYTEORDER_FUNCTIONS 1  /* no htons() macros clashing with glibc's */
+
+/* ---- memory: static pools, never malloc ------------------------------------------------------------ */
+#define MEM_LIBC_MALLOC                 0
+#define MEMP_MEM_MALLOC                 0
+#define MEM_ALIGNMENT                   8
+/* lwIP's heap (a static array) holds TX data copied by tcp_write(TCP_WRITE_FLAG_COPY) until it is ACKed,
+ * plus small control frames (ARP, ICMP, RST). Rule: >= TCP_SND_BUF x the connections expected to have a
+ * full send buffer at once (8 here) + 1 MiB for control frames. Beyond that tcp_write says ERR_MEM and the
+ * writer waits for ACKs (back-pressure). */
+#define MEM_SIZE                        (9u * 1024u * 1024u)
+
+/* ---- protocols ----------------------------------------------------------------------------------- */
+#define LWIP_IPV4                       1
+#define LWIP_IPV6                       0
+#define LWIP_ARP                        1
+#define LWIP_ETHERNET                   1
+#define LWIP_ICMP                       1    /* answers ping: handy when checking a setup */
+#define LWIP_RAW                        0
+#define LWIP_UDP                        0
+#define LWIP_TCP                        1
+#define LWIP_DHCP                       0
+#define LWIP_AUTOIP                     0
+#define LWIP_IGMP                       0
+#define LWIP_DNS                        0
+#define IP_REASSEMBLY                   0    /* TCP never sends fragments (DF, MSS-sized segments) */
+#define IP_FRAG                         0
+#define ARP_TABLE_SIZE                  64   /* peers on the L2 segment; one entry per neighbour */
+#define ARP_QUEUEING                    1
+#define ARP_QUEUE_LEN                   16   /* frames held per neighbour while ARP resolves */
+#define ETHARP_SUPPORT_STATIC_ENTRIES   1
+
+/* ---- TCP ---------------------------------------------------------------------------------------- */
+/* MSS for a 9000-byte MTU (9000 - 20 IP - 20 TCP); with TCP_CALCULATE_EFF_SEND_MSS the MSS actually
+ * advertised and used is capped by the netif MTU (1460 at MTU 1500). */
+#define TCP_MSS                         8960
+#define TCP_CALCULATE_EFF_SEND_MSS      1
+/* Window scaling: a 1 MiB receive window (scale 5 allows up to 2 MiB). */
+#define LWIP_WND_SCALE                  1
+#define TCP_RCV_SCALE                   5
+#define TCP_WND                         (1024u * 1024u)
+#define TCP_SND_BUF                     (1024u * 1024u)
+/* Segments a pcb may queue: TCP_SND_BUF at the smallest useful MSS (536) x2 for partial segments. */
+#define TCP_SND_QUEUELEN                ((2u * TCP_SND_BUF) / 536u)
+/* Send-space threshold for "writable again"; lwIP requires it 4 MSS below 64 KiB. */
+#define TCP_SNDLOWAT                    (0xffffu - 4u * TCP_MSS - 1u)
+#define TCP_SNDQUEUELOWAT               (TCP_SND_QUEUELEN / 2u)
+#define TCP_QUEUE_OOSEQ                 1
+/* Out-of-order data holds RX frames (and so DPDK mbufs): bound it per pcb so one lossy connection cannot
+ * starve the mbuf pool. 256 pbufs >= a quarter of a 1 MiB window of 1460-byte segments. */
+#define TCP_OOSEQ_MAX_PBUFS             256
+#define TCP_OOSEQ_MAX_BYTES             (TCP_WND / 2u)
+#define TCP_OVERSIZE                    TCP_MSS
+#define LWIP_TCP_TIMESTAMPS             0
+#define LWIP_TCP_SACK_OUT               0
+#define TCP_LISTEN_BACKLOG              0
+#define LWIP_TCP_KEEPALIVE              1
+/* Timer tick: lwIP counts its TCP timeouts in ticks of this many ms (slow timer = 2 ticks). 250 ms (the
+ * default) delays ACKs and retransmissions for far too long on a microsecond link; 10 ms keeps the
+ * minimum RTO at tens of ms. TCP_MSL bounds TIME_WAIT (2*MSL): the stack purges it at shutdown. */
+#define TCP_TMR_INTERVAL                10
+#define TCP_MSL                         2000UL
+#define TCP_SYNMAXRTX                   6
+#define TCP_MAXRTX                      12
+
+/* ---- pools (memp): counts are objects ---------------------------------------------------------------- */
+/* 1024 RDMA connections per process (verbs target) + 64 for listeners and connections in TIME_WAIT. */
+#define MEMP_NUM_TCP_PCB                1088
+#define MEMP_NUM_TCP_PCB_LISTEN         16
+/* Queued TCP segments over all pcbs: 8 connections with full 1 MiB send buffers at MSS 1460 (718 each)
+ * + 1 per other connection. */
+#define MEMP_NUM_TCP_SEG                (8 * 720 + 1088)
+/* PBUF_REF/ROM headers for zero-copy tcp_write (data owned by the caller until ACKed): as many as
+ * segments. */
+#define MEMP_NUM_PBUF                   MEMP_NUM_TCP_SEG
+/* RX frames are DPDK mbufs wrapped as custom pbufs (stack/stack.cpp), and none of the lwIP code we compile
+ * allocates from PBUF_POOL (ARP/ICMP/TCP control frames use the heap): no pool at all. */
+#define PBUF_POOL_SIZE                  0
+#define PBUF_POOL_BUFSIZE               1536
+#define LWIP_SUPPORT_CUSTOM_PBUF        1
+#define MEMP_NUM_ARP_QUEUE              64
+#define MEMP_NUM_SYS_TIMEOUT            (LWIP_NUM_SYS_TIMEOUT_INTERNAL + 4)
+#define MEMP_NUM_REASSDATA              0
+#define MEMP_NUM_FRAG_PBUF              0
+#define MEMP_NUM_NETBUF                 0
+#define MEMP_NUM_NETCONN                0
+#define MEMP_NUM_TCPIP_MSG_API          0
+#define MEMP_NUM_TCPIP_MSG_INPKT        0
+/* The stack's own pool of custom-pbuf wrappers (one per RX mbuf held by lwIP) is declared in stack/. */
+#define MEMP_USE_CUSTOM_POOLS           0
+
+/* ---- netif ---------------------------------------------------------------------------------------- */
+#define LWIP_NETIF_STATUS_CALLBACK      0
+#define LWIP_NETIF_LINK_CALLBACK        0
+#define LWIP_SINGLE_NETIF               1
+#define LWIP_NETIF_TX_SINGLE_PBUF       0
+#define ETH_PAD_SIZE                    0
+
+/* ---- checksums: software (memif and af_packet offer no offload) ---------------------------------- */
+#define CHECKSUM_GEN_IP                 1
+#define CHECKSUM_GEN_TCP                1
+#define CHECKSUM_CHECK_IP               1
+#define CHECKSUM_CHECK_TCP              1
+#define LWIP_CHKSUM_ALGORITHM           3
+#define LWIP_CHECKSUM_ON_COPY           0
+
+/* ---- statistics: pools and heap, so tests check every pool returns to its start ------------------- */
+#define LWIP_STATS                      1
+#define LWIP_STATS_DISPLAY              0
+#define MEM_STATS                       1
+#define MEMP_STATS                      1
+#define LINK_STATS                      1
+#define TCP_STATS                       1
+#define IP_STATS                        1
+#define ETHARP_STATS                    1
+#define ICMP_STATS                      0
+#define UDP_STATS                       0
+#define SYS_STATS                       0
+
+#define LWIP_DEBUG                      0
+
+#endif /* SOFTRDMA_LWIPOPTS_H */

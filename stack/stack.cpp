@@ -1,0 +1,237 @@
+// SPDX-License-Identifier: MIT
+#include "stack/stack.hpp"
+
+#include <arpa/inet.h>
+#include <sched.h>
+
+#include <cassert>
+#include <cstdlib>
+#include <stdexcept>
+
+#include <spdlog/spdlog.h>
+
+#include "stack/lwip_includes.hpp"
+
+namespace softrdma::stack {
+namespace {
+
+// An RX frame segment handed to lwIP without a copy: a custom pbuf whose free hook returns the mbuf
+// segment to DPDK's pool. Ownership: from input() on, lwIP owns the pbuf and so the mbuf segment; whoever
+// frees the last reference to the pbuf (lwIP itself, or the TCP receive handler) returns the mbuf.
+struct RxPbuf {
+    pbuf_custom pc;  // first member: lwIP hands back the pbuf*, which is this object
+    rte_mbuf* seg;
+};
+// Sizing rule: one wrapper per mbuf segment lwIP may hold; >= the largest mbuf pool a port creates by
+// default (8191), so the mbuf pool, not this one, is what runs dry under pressure.
+constexpr int kRxPbufs = 16384;
+LWIP_MEMPOOL_DECLARE(SR_RX_PBUF, kRxPbufs, sizeof(RxPbuf), "RX mbuf pbufs")
+
+void rx_pbuf_free(pbuf* p) {
+    auto* r = reinterpret_cast<RxPbuf*>(p);
+    rte_pktmbuf_free_seg(r->seg);
+    LWIP_MEMPOOL_FREE(SR_RX_PBUF, r);
+}
+
+Stack* g_stack = nullptr;
+
+}  // namespace
+
+Ipv4 Ipv4::parse(std::string_view text) {
+    in_addr a{};
+    const std::string s(text);
+    if (inet_pton(AF_INET, s.c_str(), &a) != 1) throw std::invalid_argument("not an IPv4 address: '" + s + "'");
+    return Ipv4{a.s_addr};
+}
+
+std::string Ipv4::str() const {
+    char buf[INET_ADDRSTRLEN];
+    in_addr a{be};
+    inet_ntop(AF_INET, &a, buf, sizeof buf);
+    return buf;
+}
+
+std::string PoolUsage::diff(const PoolUsage& later) const {
+    std::string out;
+    auto add = [&](const std::string& what, std::uint64_t a, std::uint64_t b) {
+        if (a == b) return;
+        if (!out.empty()) out += "; ";
+        out += what + " " + std::to_string(a) + " -> " + std::to_string(b);
+    };
+    for (std::size_t i = 0; i < pools.size() && i < later.pools.size(); ++i)
+        add(pools[i].first, pools[i].second, later.pools[i].second);
+    add("heap bytes", heap_used, later.heap_used);
+    add("mbufs", mbufs_in_use, later.mbufs_in_use);
+    return out;
+}
+
+Stack::Stack(io::Port& port, const StackConfig& cfg)
+    : port_(port), cfg_(cfg), netif_(std::make_unique<netif>()), owner_(std::this_thread::get_id()) {
+    if (g_stack != nullptr) throw std::logic_error("one softrdma::stack::Stack per process (lwIP is global)");
+    static bool lwip_ready = false;
+    if (!lwip_ready) {
+        lwip_init();
+        LWIP_MEMPOOL_INIT(SR_RX_PBUF);
+        lwip_ready = true;
+    }
+    g_stack = this;
+    ip4_addr_t ip, mask, gw;
+    ip.addr = cfg.address.be;
+    mask.addr = cfg.netmask.be;
+    gw.addr = cfg.gateway.be;
+    netif_add(netif_.get(), &ip, &mask, &gw, this, &Stack::netif_init, netif_input);
+    netif_set_default(netif_.get());
+    netif_set_up(netif_.get());
+    netif_set_link_up(netif_.get());
+    last_timer_ms_ = sys_now();
+    spdlog::info("softrdma: stack {} on {} (MTU {})", cfg.address.str(), port.name(), port.mtu());
+}
+
+Stack::~Stack() {
+    flush_tx();
+    purge_time_wait();
+    netif_remove(netif_.get());
+    g_stack = nullptr;
+}
+
+void Stack::assert_owner() const noexcept {
+    assert(std::this_thread::get_id() == owner_ && "lwIP used from a thread that does not own the stack");
+}
+
+signed char Stack::netif_init(netif* nif) {
+    auto* self = static_cast<Stack*>(nif->state);
+    nif->name[0] = 's';
+    nif->name[1] = 'r';
+    nif->mtu = self->port_.mtu();
+    nif->hwaddr_len = ETH_HWADDR_LEN;
+    std::copy(self->port_.mac().begin(), self->port_.mac().end(), nif->hwaddr);
+    nif->flags = NETIF_FLAG_BROADCAST | NETIF_FLAG_ETHARP | NETIF_FLAG_ETHERNET | NETIF_FLAG_LINK_UP;
+    nif->output = etharp_output;
+    nif->linkoutput = &Stack::link_output;
+    return ERR_OK;
+}
+
+// lwIP -> wire. Ownership: lwIP keeps `p` (it may retransmit from it); the frame is copied into a fresh mbuf
+// (the TX copy), which the Stack owns in tx_batch_ until tx_burst hands it to the driver.
+signed char Stack::link_output(netif* nif, pbuf* p) {
+    auto* self = static_cast<Stack*>(nif->state);
+    if (p->tot_len > self->port_.mbuf_data_room()) {
+        ++self->counters_.tx_dropped;
+        return ERR_IF;
+    }
+    rte_mbuf* m = self->port_.alloc();
+    if (m == nullptr) {
+        ++self->counters_.tx_dropped;
+        return ERR_MEM;
+    }
+    pbuf_copy_partial(p, rte_pktmbuf_mtod(m, void*), p->tot_len, 0);
+    m->data_len = p->tot_len;
+    m->pkt_len = p->tot_len;
+    if (self->tx_count_ == kTxBatch) self->flush_tx();
+    if (self->tx_count_ == kTxBatch) {  // the TX ring stayed full: drop, TCP sends it again
+        rte_pktmbuf_free(m);
+        ++self->counters_.tx_dropped;
+        return ERR_OK;
+    }
+    self->tx_batch_[self->tx_count_++] = m;
+    ++self->counters_.tx_frames;
+    return ERR_OK;
+}
+
+void Stack::flush_tx() noexcept {
+    unsigned tries = 0;
+    while (tx_count_ != 0) {
+        const unsigned sent = port_.tx_burst(std::span(tx_batch_, tx_count_));
+        if (sent != 0) {
+            std::copy(tx_batch_ + sent, tx_batch_ + tx_count_, tx_batch_);
+            tx_count_ -= sent;
+            tries = 0;
+        } else if (++tries == 64) {
+            return;  // ring full: keep the frames for the next turn (bounded by kTxBatch)
+        }
+    }
+}
+
+// wire -> lwIP. Ownership: the mbuf comes from the port (ours); each segment is wrapped in an RxPbuf and
+// passed to lwIP, which owns it from here (see RxPbuf). On failure we free what we still own.
+void Stack::input(rte_mbuf* m) noexcept {
+    pbuf* head = nullptr;
+    for (rte_mbuf* seg = m; seg != nullptr;) {
+        rte_mbuf* next = seg->next;
+        auto* r = static_cast<RxPbuf*>(LWIP_MEMPOOL_ALLOC(SR_RX_PBUF));
+        if (r == nullptr) {
+            ++counters_.rx_dropped;
+            if (head != nullptr) pbuf_free(head);  // returns the segments already wrapped
+            for (rte_mbuf* rest = seg; rest != nullptr;) {
+                rte_mbuf* n = rest->next;
+                rte_pktmbuf_free_seg(rest);
+                rest = n;
+            }
+            return;
+        }
+        r->seg = seg;
+        r->pc.custom_free_function = rx_pbuf_free;
+        pbuf* p = pbuf_alloced_custom(PBUF_RAW, seg->data_len, PBUF_REF, &r->pc, rte_pktmbuf_mtod(seg, void*),
+                                      seg->data_len);
+        if (head == nullptr) head = p;
+        else pbuf_cat(head, p);
+        seg = next;
+    }
+    ++counters_.rx_frames;
+    if (netif_->input(head, netif_.get()) != ERR_OK) {
+        ++counters_.rx_dropped;
+        pbuf_free(head);
+    }
+}
+
+unsigned Stack::poll() noexcept {
+    assert_owner();
+    constexpr unsigned kBurst = 32;
+    rte_mbuf* burst[kBurst];
+    const unsigned n = port_.rx_burst(std::span(burst, kBurst));
+    for (unsigned i = 0; i < n; ++i) input(burst[i]);
+    const std::uint32_t now = sys_now();
+    if (now != last_timer_ms_) {
+        last_timer_ms_ = now;
+        sys_check_timeouts();
+    }
+    flush_tx();
+    return n;
+}
+
+bool Stack::run_until(const std::function<bool()>& done, std::chrono::milliseconds timeout) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    unsigned idle = 0;
+    for (std::uint64_t turn = 0;; ++turn) {
+        if (done()) return true;
+        if (poll() == 0) {
+            if (++idle > 256) sched_yield();  // let a peer on the same core run
+        } else {
+            idle = 0;
+        }
+        if ((turn & 255) == 0 && std::chrono::steady_clock::now() >= deadline) return done();
+    }
+}
+
+void Stack::purge_time_wait() noexcept {
+    assert_owner();
+    while (tcp_tw_pcbs != nullptr) tcp_abort(tcp_tw_pcbs);
+}
+
+unsigned Stack::active_pcbs() const noexcept {
+    unsigned n = 0;
+    for (tcp_pcb* p = tcp_active_pcbs; p != nullptr; p = p->next) ++n;
+    return n;
+}
+
+PoolUsage Stack::pool_usage() const {
+    PoolUsage u;
+    for (int i = 0; i < MEMP_MAX; ++i)
+        u.pools.emplace_back(lwip_stats.memp[i]->name, lwip_stats.memp[i]->used);
+    u.pools.emplace_back(memp_SR_RX_PBUF.stats->name, memp_SR_RX_PBUF.stats->used);
+    u.heap_used = static_cast<std::uint32_t>(lwip_stats.mem.used);
+    u.mbufs_in_use = port_.mbufs_in_use();
+    return u;
+}
+
+}  // namespace softrdma::stack

@@ -1,0 +1,110 @@
+// SPDX-License-Identifier: MIT
+// lwIP bound to an io::Port: one netif (Ethernet, ARP, IPv4 with a static address), lwIP's timers driven
+// from the polling loop, and the RX/TX frame hand-off between DPDK mbufs and lwIP pbufs.
+//
+// Threads: lwIP is single-threaded. The thread that constructs the Stack owns it (and so every TCP object
+// of this process): only it may call poll(), connect(), listen() or any TcpConnection method. Debug builds
+// assert this. The io::Port's RX path stays free of lwIP so a later RX thread can run it.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "io/port.hpp"
+
+struct netif;
+struct pbuf;
+
+namespace softrdma::stack {
+
+// An IPv4 address in network byte order.
+struct Ipv4 {
+    std::uint32_t be = 0;
+    // "198.18.0.1" -> address; throws std::invalid_argument on bad text.
+    static Ipv4 parse(std::string_view text);
+    std::string str() const;
+    friend bool operator==(Ipv4, Ipv4) = default;
+};
+
+struct StackConfig {
+    Ipv4 address = Ipv4::parse("198.18.0.1");  // RFC 2544 benchmarking range: never routed anywhere
+    Ipv4 netmask = Ipv4::parse("255.255.255.0");
+    Ipv4 gateway{};
+};
+
+// lwIP pool and heap usage, for leak checks: every test ends by comparing against its start.
+struct PoolUsage {
+    std::vector<std::pair<std::string, std::uint32_t>> pools;  // (name, objects in use)
+    std::uint32_t heap_used = 0;
+    std::uint32_t mbufs_in_use = 0;
+    // "" when equal, else what differs, e.g. "TCP_PCB 1 -> 2; mbufs 1534 -> 1540".
+    std::string diff(const PoolUsage& later) const;
+};
+
+struct StackCounters {
+    std::uint64_t rx_frames = 0;
+    std::uint64_t rx_dropped = 0;   // no RX pbuf wrapper free, or lwIP refused the frame
+    std::uint64_t tx_frames = 0;
+    std::uint64_t tx_dropped = 0;   // no mbuf, frame too large, or TX ring stayed full
+};
+
+class TcpConnection;
+class TcpListener;
+
+class Stack {
+public:
+    // Binds lwIP to `port` (which must outlive the Stack). Only one Stack per process (lwIP is global).
+    Stack(io::Port& port, const StackConfig& cfg);
+    ~Stack();
+    Stack(const Stack&) = delete;
+    Stack& operator=(const Stack&) = delete;
+
+    // One turn of the polling loop: RX burst -> lwIP input, lwIP timers, TX flush. Returns the number of
+    // frames received (0 = idle turn).
+    unsigned poll() noexcept;
+    // Polls until `done()` is true or `timeout` passes; returns done(). Idle policy: spin, then yield the
+    // core after a run of idle turns (two busy processes share 2 cores on small machines).
+    bool run_until(const std::function<bool()>& done, std::chrono::milliseconds timeout);
+
+    // Sends the frames lwIP produced so far (poll() does this at its end).
+    void flush_tx() noexcept;
+
+    // Frees connections lingering in TIME_WAIT (and so their pool objects): at shutdown and in tests.
+    void purge_time_wait() noexcept;
+    // Number of lwIP TCP pcbs that are active (neither listening nor in TIME_WAIT).
+    unsigned active_pcbs() const noexcept;
+
+    PoolUsage pool_usage() const;
+    const StackCounters& counters() const noexcept { return counters_; }
+    io::Port& port() noexcept { return port_; }
+    Ipv4 address() const noexcept { return cfg_.address; }
+
+    // Debug builds: aborts unless called on the owner thread.
+    void assert_owner() const noexcept;
+
+private:
+    friend struct StackAccess;
+    static signed char netif_init(netif* nif);
+    static signed char link_output(netif* nif, pbuf* p);
+    void input(rte_mbuf* m) noexcept;
+
+    io::Port& port_;
+    StackConfig cfg_;
+    std::unique_ptr<netif> netif_;
+    std::thread::id owner_;
+    std::uint32_t last_timer_ms_ = 0;
+    // TX batch: frames lwIP produced in this turn, sent together. Ownership: the Stack's until tx_burst
+    // accepts them; after that the driver's.
+    static constexpr unsigned kTxBatch = 64;
+    rte_mbuf* tx_batch_[kTxBatch] = {};
+    unsigned tx_count_ = 0;
+    StackCounters counters_;
+};
+
+}  // namespace softrdma::stack

@@ -1,0 +1,42 @@
+// SPDX-License-Identifier: MIT
+// What lwIP (NO_SYS=1) needs from the platform: a millisecond clock, assertions, diagnostics, randomness.
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+
+#include <rte_cycles.h>
+#include <spdlog/spdlog.h>
+
+#include "lwip/arch.h"
+#include "lwip/sys.h"
+
+extern "C" {
+
+// Milliseconds from DPDK's TSC clock (no system call on the polling path).
+u32_t sys_now(void) {
+    static const std::uint64_t hz_per_ms = rte_get_timer_hz() / 1000;
+    return static_cast<u32_t>(rte_get_timer_cycles() / hz_per_ms);
+}
+
+void softrdma_lwip_assert(const char* msg, const char* file, int line) {
+    spdlog::critical("lwIP assertion failed: {} at {}:{}", msg, file, line);
+    std::abort();
+}
+
+void softrdma_lwip_diag(const char* fmt, ...) {
+    char buf[256];
+    va_list ap;
+    va_start(ap, fmt);
+    std::vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    spdlog::info("lwIP: {}", buf);
+}
+
+// Initial sequence numbers and ephemeral ports; seeded once per process.
+uint32_t softrdma_lwip_rand(void) {
+    static std::mt19937 gen{std::random_device{}()};
+    return static_cast<uint32_t>(gen());
+}
+
+}  // extern "C"

@@ -1,0 +1,264 @@
+// SPDX-License-Identifier: MIT
+#include "stack/tcp.hpp"
+
+#include <algorithm>
+#include <stdexcept>
+
+#include "stack/lwip_includes.hpp"
+
+namespace softrdma::stack {
+namespace {
+
+// lwIP must hear ERR_ABRT from a callback in which the pcb was aborted. Callbacks do not nest (lwIP is
+// single-threaded and raw-API callbacks are not re-entered), so one record suffices.
+struct CallbackScope {
+    static inline tcp_pcb* pcb = nullptr;
+    static inline bool aborted = false;
+    explicit CallbackScope(tcp_pcb* p) noexcept {
+        pcb = p;
+        aborted = false;
+    }
+    ~CallbackScope() { pcb = nullptr; }
+    err_t result() const noexcept { return aborted ? ERR_ABRT : ERR_OK; }
+};
+
+}  // namespace
+
+const char* to_string(TcpError e) noexcept {
+    switch (e) {
+    case TcpError::refused: return "connection refused (no listener on that port)";
+    case TcpError::reset: return "connection reset by peer";
+    case TcpError::timed_out: return "timed out (no answer from the peer)";
+    case TcpError::aborted: return "aborted locally";
+    case TcpError::closed: return "connection closed";
+    }
+    return "unknown";
+}
+
+// ---- RecvBuffer -------------------------------------------------------------------------------------
+
+RecvBuffer& RecvBuffer::operator=(RecvBuffer&& o) noexcept {
+    if (this != &o) {
+        release();
+        conn_ = o.conn_;
+        chain_ = o.chain_;
+        o.chain_ = nullptr;
+    }
+    return *this;
+}
+
+std::size_t RecvBuffer::size() const noexcept { return chain_ != nullptr ? chain_->tot_len : 0; }
+pbuf* RecvBuffer::next(pbuf* p) noexcept { return p->next; }
+std::span<const std::byte> RecvBuffer::segment(pbuf* p) noexcept {
+    return {static_cast<const std::byte*>(p->payload), p->len};
+}
+
+std::size_t RecvBuffer::copy_to(std::span<std::byte> out, std::size_t offset) const noexcept {
+    if (chain_ == nullptr || offset >= chain_->tot_len) return 0;
+    const auto n = std::min<std::size_t>(out.size(), chain_->tot_len - offset);
+    return pbuf_copy_partial(chain_, out.data(), static_cast<u16_t>(n), static_cast<u16_t>(offset));
+}
+
+void RecvBuffer::release() noexcept {
+    if (chain_ == nullptr) return;
+    const std::size_t n = chain_->tot_len;
+    pbuf_free(chain_);  // returns the mbufs (RxPbuf free hook)
+    chain_ = nullptr;
+    if (conn_ != nullptr) conn_->consumed(n);
+}
+
+// ---- TcpConnection ----------------------------------------------------------------------------------
+
+TcpConnection::TcpConnection(Stack& stack, tcp_pcb* pcb, Handler* handler, bool connected) noexcept
+    : stack_(stack), pcb_(pcb), handler_(handler), connected_(connected) {}
+
+TcpConnection::~TcpConnection() {
+    if (pcb_ != nullptr) abort();
+}
+
+void TcpConnection::attach() noexcept {
+    tcp_arg(pcb_, this);
+    tcp_recv(pcb_, &TcpConnection::on_recv_cb);
+    tcp_sent(pcb_, &TcpConnection::on_sent_cb);
+    tcp_err(pcb_, &TcpConnection::on_err_cb);
+    tcp_poll(pcb_, &TcpConnection::on_poll_cb, 5);  // every 5 slow ticks (100 ms): connect deadline
+    tcp_nagle_disable(pcb_);                        // RDMA messages go out at once
+}
+
+void TcpConnection::detach() noexcept {
+    tcp_arg(pcb_, nullptr);
+    tcp_recv(pcb_, nullptr);
+    tcp_sent(pcb_, nullptr);
+    tcp_err(pcb_, nullptr);
+    tcp_poll(pcb_, nullptr, 0);
+}
+
+std::size_t TcpConnection::write_flags(std::span<const std::byte> data, std::uint8_t flags) noexcept {
+    stack_.assert_owner();
+    if (pcb_ == nullptr) return 0;
+    std::size_t done = 0;
+    while (done < data.size()) {
+        // tcp_write takes at most 64 KiB - 1 per call, and at most the free send buffer.
+        const std::size_t n = std::min<std::size_t>({data.size() - done, tcp_sndbuf(pcb_), 0xffff});
+        if (n == 0 || tcp_write(pcb_, data.data() + done, static_cast<u16_t>(n), flags) != ERR_OK) break;
+        done += n;
+    }
+    return done;
+}
+
+std::size_t TcpConnection::write(std::span<const std::byte> data) noexcept {
+    return write_flags(data, TCP_WRITE_FLAG_COPY);
+}
+std::size_t TcpConnection::write_ref(std::span<const std::byte> data) noexcept { return write_flags(data, 0); }
+
+std::size_t TcpConnection::send_space() const noexcept { return pcb_ != nullptr ? tcp_sndbuf(pcb_) : 0; }
+
+void TcpConnection::flush() noexcept {
+    stack_.assert_owner();
+    if (pcb_ != nullptr) tcp_output(pcb_);
+}
+
+bool TcpConnection::close() noexcept {
+    stack_.assert_owner();
+    if (pcb_ == nullptr) return true;
+    detach();
+    if (tcp_close(pcb_) != ERR_OK) {  // no memory for the FIN: still ours, callbacks back on
+        attach();
+        return false;
+    }
+    // lwIP owns the pcb from here and frees it when the close completes.
+    pcb_ = nullptr;
+    return true;
+}
+
+void TcpConnection::abort() noexcept {
+    stack_.assert_owner();
+    if (pcb_ == nullptr) return;
+    detach();  // no error callback for our own abort
+    if (CallbackScope::pcb == pcb_) CallbackScope::aborted = true;
+    tcp_abort(pcb_);  // sends RST and frees the pcb
+    pcb_ = nullptr;
+}
+
+void TcpConnection::consumed(std::size_t bytes) noexcept {
+    if (pcb_ == nullptr) return;
+    while (bytes != 0) {
+        const auto n = static_cast<u16_t>(std::min<std::size_t>(bytes, 0xffff));
+        tcp_recved(pcb_, n);
+        bytes -= n;
+    }
+}
+
+err_t TcpConnection::on_recv_cb(void* arg, tcp_pcb* pcb, pbuf* p, err_t) {
+    auto* self = static_cast<TcpConnection*>(arg);
+    if (self == nullptr) {  // detached: drop
+        if (p != nullptr) {
+            tcp_recved(pcb, p->tot_len);
+            pbuf_free(p);
+        }
+        return ERR_OK;
+    }
+    CallbackScope scope(pcb);
+    if (p == nullptr) {
+        self->handler_->on_remote_close(*self);
+    } else {
+        // Ownership of p passes to the handler inside the RecvBuffer (so we return ERR_OK, or ERR_ABRT if
+        // the handler aborted: lwIP frees nothing of p either way).
+        self->handler_->on_receive(*self, RecvBuffer(self, p));
+    }
+    return scope.result();
+}
+
+err_t TcpConnection::on_sent_cb(void* arg, tcp_pcb* pcb, u16_t len) {
+    auto* self = static_cast<TcpConnection*>(arg);
+    if (self == nullptr) return ERR_OK;
+    CallbackScope scope(pcb);
+    self->handler_->on_sent(*self, len);
+    return scope.result();
+}
+
+err_t TcpConnection::on_connected_cb(void* arg, tcp_pcb* pcb, err_t) {
+    auto* self = static_cast<TcpConnection*>(arg);
+    if (self == nullptr) return ERR_OK;
+    CallbackScope scope(pcb);
+    self->connected_ = true;
+    self->handler_->on_connected(*self);
+    return scope.result();
+}
+
+err_t TcpConnection::on_poll_cb(void* arg, tcp_pcb* pcb) {
+    auto* self = static_cast<TcpConnection*>(arg);
+    if (self == nullptr || self->connected_ || std::chrono::steady_clock::now() < self->connect_deadline_)
+        return ERR_OK;
+    CallbackScope scope(pcb);
+    self->abort();
+    self->handler_->on_error(*self, TcpError::timed_out);
+    return ERR_ABRT;
+}
+
+void TcpConnection::on_err_cb(void* arg, err_t err) {
+    auto* self = static_cast<TcpConnection*>(arg);
+    if (self == nullptr) return;
+    self->pcb_ = nullptr;  // lwIP has freed it already
+    TcpError e;
+    if (err == ERR_RST) e = self->connected_ ? TcpError::reset : TcpError::refused;
+    else if (err == ERR_CLSD) e = TcpError::reset;
+    else e = TcpError::timed_out;  // ERR_ABRT from lwIP's timers: retransmissions or SYNs gave up
+    self->handler_->on_error(*self, e);
+}
+
+std::unique_ptr<TcpConnection> connect(Stack& stack, Ipv4 address, std::uint16_t port,
+                                       TcpConnection::Handler& handler, std::chrono::milliseconds timeout) {
+    stack.assert_owner();
+    tcp_pcb* pcb = tcp_new_ip_type(IPADDR_TYPE_V4);
+    if (pcb == nullptr) throw std::runtime_error("lwIP: no free TCP pcb (MEMP_NUM_TCP_PCB in lwipopts.h)");
+    std::unique_ptr<TcpConnection> conn(new TcpConnection(stack, pcb, &handler, false));
+    conn->connect_deadline_ = std::chrono::steady_clock::now() + timeout;
+    conn->attach();
+    ip_addr_t ip;
+    ip_addr_set_ip4_u32(&ip, address.be);
+    if (const err_t e = tcp_connect(pcb, &ip, port, &TcpConnection::on_connected_cb); e != ERR_OK) {
+        conn->abort();
+        throw std::runtime_error("lwIP: cannot connect to " + address.str() + ":" + std::to_string(port) +
+                                 " (err " + std::to_string(e) + ")");
+    }
+    return conn;
+}
+
+// ---- TcpListener ------------------------------------------------------------------------------------
+
+TcpListener::TcpListener(Stack& stack, std::uint16_t port, Handler& handler) : stack_(stack), handler_(handler) {
+    stack.assert_owner();
+    tcp_pcb* pcb = tcp_new_ip_type(IPADDR_TYPE_V4);
+    if (pcb == nullptr) throw std::runtime_error("lwIP: no free TCP pcb");
+    if (tcp_bind(pcb, IP4_ADDR_ANY, port) != ERR_OK) {
+        tcp_close(pcb);
+        throw std::runtime_error("TCP port " + std::to_string(port) + " is already in use");
+    }
+    pcb_ = tcp_listen_with_backlog(pcb, TCP_DEFAULT_LISTEN_BACKLOG);  // frees pcb, returns a listen pcb
+    if (pcb_ == nullptr) {
+        tcp_close(pcb);
+        throw std::runtime_error("lwIP: no free listen pcb (MEMP_NUM_TCP_PCB_LISTEN)");
+    }
+    tcp_arg(pcb_, this);
+    tcp_accept(pcb_, &TcpListener::on_accept_cb);
+}
+
+TcpListener::~TcpListener() {
+    if (pcb_ != nullptr) {
+        tcp_arg(pcb_, nullptr);
+        tcp_close(pcb_);
+    }
+}
+
+err_t TcpListener::on_accept_cb(void* arg, tcp_pcb* pcb, err_t err) {
+    auto* self = static_cast<TcpListener*>(arg);
+    if (self == nullptr || pcb == nullptr || err != ERR_OK) return ERR_VAL;
+    std::unique_ptr<TcpConnection> conn(new TcpConnection(self->stack_, pcb, nullptr, true));
+    conn->attach();
+    CallbackScope scope(pcb);
+    self->handler_.on_accept(std::move(conn));  // dropping it aborts: scope then says ERR_ABRT
+    return scope.result();
+}
+
+}  // namespace softrdma::stack

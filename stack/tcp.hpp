@@ -1,0 +1,155 @@
+// SPDX-License-Identifier: MIT
+// A small C++ wrapper over lwIP's raw TCP API: listen/accept, connect, write with back-pressure, receive
+// with pbuf ownership written down, orderly close, abort, and errors reported once. MPA sits on this.
+//
+// Threads: every call, and every Handler callback, happens on the Stack's owner thread (see stack.hpp).
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+
+#include "stack/stack.hpp"
+
+struct tcp_pcb;
+struct pbuf;
+
+namespace softrdma::stack {
+
+enum class TcpError {
+    refused,       // the peer answered our SYN with RST: nothing listens on that port
+    reset,         // the peer reset (aborted) an established connection
+    timed_out,     // connect: no answer within the connect timeout; or retransmissions gave up
+    aborted,       // aborted locally (abort(), or lwIP ran out of memory for the connection)
+    closed,        // write on a connection that is closed or closing
+};
+const char* to_string(TcpError e) noexcept;
+
+class TcpConnection;
+
+// Received bytes: a chain of lwIP pbufs (each usually one Ethernet frame's TCP payload, straight from the
+// DPDK mbuf, no copy). Ownership: the RecvBuffer owns the pbuf chain. Destroying it (or release()) frees
+// the pbufs — returning their mbufs to DPDK — and reopens the TCP receive window by size(). Move it to
+// keep the bytes longer; it must not outlive its TcpConnection.
+class RecvBuffer {
+public:
+    RecvBuffer() = default;
+    RecvBuffer(TcpConnection* conn, pbuf* chain) noexcept : conn_(conn), chain_(chain) {}
+    RecvBuffer(RecvBuffer&& o) noexcept : conn_(o.conn_), chain_(o.chain_) { o.chain_ = nullptr; }
+    RecvBuffer& operator=(RecvBuffer&& o) noexcept;
+    ~RecvBuffer() { release(); }
+
+    std::size_t size() const noexcept;
+    // Calls f(std::span<const std::byte>) for each contiguous piece, in order.
+    template <class F>
+    void for_each_segment(F&& f) const {
+        for (pbuf* p = chain_; p != nullptr; p = next(p)) f(segment(p));
+    }
+    // Copies bytes [offset, offset+out.size()) out; returns the count copied.
+    std::size_t copy_to(std::span<std::byte> out, std::size_t offset = 0) const noexcept;
+    void release() noexcept;
+
+private:
+    static pbuf* next(pbuf* p) noexcept;
+    static std::span<const std::byte> segment(pbuf* p) noexcept;
+    TcpConnection* conn_ = nullptr;
+    pbuf* chain_ = nullptr;
+};
+
+class TcpConnection {
+public:
+    // Callbacks, on the owner thread. A handler may call abort() (or destroy the connection) inside any
+    // callback; the wrapper tells lwIP (ERR_ABRT).
+    struct Handler {
+        virtual ~Handler() = default;
+        virtual void on_connected(TcpConnection&) {}
+        // New bytes, in order. Ownership of the bytes passes to the handler with `data`.
+        virtual void on_receive(TcpConnection&, RecvBuffer data) = 0;
+        // `bytes` more of what we wrote were acknowledged: room to write again.
+        virtual void on_sent(TcpConnection&, std::size_t /*bytes*/) {}
+        // The peer closed its sending side (FIN): no more data will arrive.
+        virtual void on_remote_close(TcpConnection&) {}
+        // The connection is gone (lwIP has already freed its state); called once, never after close().
+        virtual void on_error(TcpConnection&, TcpError) {}
+    };
+
+    ~TcpConnection();  // aborts (RST) if still open: call close() first for an orderly end
+    TcpConnection(const TcpConnection&) = delete;
+    TcpConnection& operator=(const TcpConnection&) = delete;
+
+    void set_handler(Handler* h) noexcept { handler_ = h; }
+
+    // Copies up to data.size() bytes into lwIP's send buffer; returns how many it took. Fewer than asked
+    // (even 0) means the send buffer or queue is full: write the rest after on_sent(). Nothing is sent
+    // until flush() (or lwIP's own output after an ACK or timer), so several writes make one segment.
+    std::size_t write(std::span<const std::byte> data) noexcept;
+    // Zero-copy: lwIP references `data` instead of copying. Ownership: the bytes must stay valid and
+    // unchanged until on_sent() has acknowledged them (acks come in write order).
+    std::size_t write_ref(std::span<const std::byte> data) noexcept;
+    std::size_t send_space() const noexcept;
+    void flush() noexcept;
+
+    // Orderly close of both directions (FIN). The connection object may be destroyed right after; lwIP
+    // finishes the close on its own. Returns false if lwIP had no memory to queue the FIN (try again).
+    bool close() noexcept;
+    // Abortive close (RST); no on_error callback follows.
+    void abort() noexcept;
+
+    bool open() const noexcept { return pcb_ != nullptr; }
+    bool established() const noexcept { return pcb_ != nullptr && connected_; }
+    Stack& stack() noexcept { return stack_; }
+
+private:
+    friend class Stack;
+    friend class TcpListener;
+    friend class RecvBuffer;
+    friend std::unique_ptr<TcpConnection> connect(Stack&, Ipv4, std::uint16_t, TcpConnection::Handler&,
+                                                  std::chrono::milliseconds);
+    TcpConnection(Stack& stack, tcp_pcb* pcb, Handler* handler, bool connected) noexcept;
+    void attach() noexcept;
+    void detach() noexcept;
+    void consumed(std::size_t bytes) noexcept;
+    std::size_t write_flags(std::span<const std::byte> data, std::uint8_t flags) noexcept;
+    static signed char on_recv_cb(void* arg, tcp_pcb* pcb, pbuf* p, signed char err);
+    static signed char on_sent_cb(void* arg, tcp_pcb* pcb, std::uint16_t len);
+    static signed char on_connected_cb(void* arg, tcp_pcb* pcb, signed char err);
+    static signed char on_poll_cb(void* arg, tcp_pcb* pcb);
+    static void on_err_cb(void* arg, signed char err);
+
+    Stack& stack_;
+    tcp_pcb* pcb_;
+    Handler* handler_;
+    bool connected_;
+    std::chrono::steady_clock::time_point connect_deadline_{};
+};
+
+// Opens a connection; the handler hears on_connected() or on_error(refused / timed_out).
+// Throws std::runtime_error only when lwIP cannot even start (no pcb free, no route).
+std::unique_ptr<TcpConnection> connect(Stack& stack, Ipv4 address, std::uint16_t port,
+                                       TcpConnection::Handler& handler,
+                                       std::chrono::milliseconds timeout = std::chrono::seconds(5));
+
+class TcpListener {
+public:
+    struct Handler {
+        virtual ~Handler() = default;
+        // A new connection. Ownership: the handler takes `conn` and must set its handler before returning;
+        // dropping it resets the connection.
+        virtual void on_accept(std::unique_ptr<TcpConnection> conn) = 0;
+    };
+    // Listens on `port` of the stack's address. Throws std::runtime_error if the port is taken.
+    TcpListener(Stack& stack, std::uint16_t port, Handler& handler);
+    ~TcpListener();
+    TcpListener(const TcpListener&) = delete;
+    TcpListener& operator=(const TcpListener&) = delete;
+
+private:
+    static signed char on_accept_cb(void* arg, tcp_pcb* pcb, signed char err);
+    Stack& stack_;
+    tcp_pcb* pcb_ = nullptr;
+    Handler& handler_;
+};
+
+}  // namespace softrdma::stack
