@@ -1,0 +1,628 @@
+// SPDX-License-Identifier: MIT
+#include "rdmap/endpoint.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+
+#include "ddp/segment.hpp"
+#include "ddp/wire.hpp"
+
+namespace softrdma::rdmap {
+
+namespace {
+
+// RFC 5040 section 4.8 says which headers a TERMINATE carries; like siw we attach
+//   - nothing for LLP (MPA) errors, RDMAP catastrophic errors, and version / opcode errors (the layout of the
+//     offending segment is unknown);
+//   - the DDP header for other DDP errors and RDMAP remote operation errors (M, D);
+//   - DDP + RDMAP header for RDMAP remote protection errors (M, D, R).
+struct Attach {
+    bool m{false};
+    bool d{false};
+    bool r{false};
+    std::size_t hdr_bytes{0};
+};
+
+Attach attach_rule(TermCode c, std::span<const std::byte> hdr) {
+    if (hdr.size() < 2) return {};
+    const bool tagged = ddp::ctrl_tagged(ddp::load_be16(hdr, 0));
+    const std::size_t ddp_len = std::min(hdr.size(), tagged ? ddp::kTaggedHeaderLen : ddp::kUntaggedHeaderLen);
+    switch (c.layer) {
+    case TermLayer::llp:
+        return {};
+    case TermLayer::ddp:
+        if (c == ddp::err::t_version || c == ddp::err::u_version) return {};
+        return {true, true, false, ddp_len};
+    case TermLayer::rdmap:
+        if (c.etype == err::kEtypeCatastrophic || c == err::o_version || c == err::o_opcode) return {};
+        if (c.etype == err::kEtypeProtection) return {true, true, true, hdr.size()};
+        return {true, true, false, ddp_len};
+    }
+    return {};
+}
+
+WcKind wc_kind(WrOp op) {
+    switch (op) {
+    case WrOp::send: return WcKind::send;
+    case WrOp::write: return WcKind::write;
+    case WrOp::read: return WcKind::read;
+    case WrOp::fetch_add:
+    case WrOp::cmp_swap: return WcKind::atomic;
+    }
+    return WcKind::send;
+}
+
+std::size_t sgl_length(const WorkRequest& wr) {
+    std::size_t n = 0;
+    for (std::size_t i = 0; i < wr.num_sge; ++i) n += wr.sgl[i].size();
+    return n;
+}
+
+}  // namespace
+
+Endpoint::Endpoint(Upper& upper, Framer& framer, Config cfg)
+    : upper_(upper),
+      framer_(framer),
+      cfg_(cfg),
+      sq_(std::max<std::uint32_t>(cfg.sq_depth, 1)),
+      orq_(std::max<std::uint16_t>(cfg.ord, 1)),
+      irq_(std::max<std::uint16_t>(cfg.ird, 1)) {}
+
+// ==== choke point ============================================================================================
+
+TermCode Endpoint::fail(TermCode code, std::span<const std::byte> hdr, std::size_t seg_len) {
+    if (state_ == State::error) return error_.value_or(code);
+    state_ = State::error;
+    error_ = code;
+
+    // TERMINATE: untagged, QN 2, MSN 1 (the only message on that queue), MO 0 (RFC 5040 section 4.8).
+    const Attach a = attach_rule(code, hdr);
+    std::span<std::byte> t{term_tx_};
+    const OpInfo& op = op_info(Opcode::terminate);
+    ddp::UntaggedHeader uh{ddp::ctrl_with_last(op.ctrl, true), 0, kQnTerminate, tx_msn_[kQnTerminate]++, 0};
+    uh.encode(t);
+    TerminateHeader{code, a.m, a.d, a.r}.encode(t);
+    std::size_t len = kTerminateLen;
+    if (a.hdr_bytes > 0) {
+        ddp::store_be16(t, len, static_cast<std::uint16_t>(std::min<std::size_t>(seg_len, 0xFFFF)));
+        len += 2;
+        std::memcpy(t.data() + len, hdr.data(), a.hdr_bytes);
+        len += a.hdr_bytes;
+    }
+    term_tx_len_ = len;
+    term_pending_ = true;
+
+    upper_.on_terminate(TermReport{code, false, a.m, a.d, a.r, std::span<const std::byte>(term_tx_).subspan(kTerminateLen, len - kTerminateLen)});
+    flush();
+    return code;
+}
+
+TermCode Endpoint::fail_rx(TermCode code) {
+    return fail(code, std::span<const std::byte>(rx_.hdr).first(rx_.hdr_len), rx_.hdr_len + rx_.payload_len);
+}
+
+void Endpoint::on_llp_error(TermCode code) { fail(code, {}, 0); }
+
+void Endpoint::enter_error_received(TermCode code, const TerminateHeader& th, std::span<const std::byte> attached) {
+    if (state_ == State::error) return;
+    state_ = State::error;
+    error_ = code;
+    upper_.on_terminate(TermReport{code, true, th.m, th.d, th.r, attached});
+    flush();
+}
+
+void Endpoint::flush() {
+    // Requests already handed to the wire and waiting for a response complete first, then the send queue,
+    // each in posting order.
+    for (std::size_t i = 0; i < orq_.size(); ++i) {
+        const OrqEntry& o = orq_.at(i);
+        upper_.on_completion(Completion{.kind = wc_kind(o.op), .status = WcStatus::flushed, .wr_id = o.wr_id});
+    }
+    for (std::size_t i = 0; i < sq_.size(); ++i) {
+        const WorkRequest& w = sq_.at(i);
+        upper_.on_completion(Completion{.kind = wc_kind(w.op), .status = WcStatus::flushed, .wr_id = w.wr_id});
+    }
+    orq_.clear();
+    sq_.clear();
+    irq_.clear();
+    tx_src_ = TxSrc::none;
+}
+
+// ==== TX =====================================================================================================
+
+PostStatus Endpoint::post(const WorkRequest& wr) {
+    if (state_ != State::operational) return PostStatus::not_operational;
+    if (wr.num_sge > kMaxSge) return PostStatus::bad_wr;
+    const std::size_t len = sgl_length(wr);
+    switch (wr.op) {
+    case WrOp::send:
+        if (len > 0xFFFFFFFFu) return PostStatus::bad_wr;  // MO is 32 bits (RFC 5041 section 4.4)
+        break;
+    case WrOp::write:
+        if (wr.with_inv) return PostStatus::bad_wr;
+        if (len > 0 && wr.remote_to > ~std::uint64_t{0} - (len - 1)) return PostStatus::bad_wr;  // TO wrap
+        break;
+    case WrOp::read:
+    case WrOp::fetch_add:
+    case WrOp::cmp_swap:
+        if (wr.with_imm || wr.with_inv || wr.num_sge != 0) return PostStatus::bad_wr;
+        if (wr.op != WrOp::read && (wr.remote_to & 7) != 0) return PostStatus::bad_wr;  // RFC 7306: aligned
+        break;
+    }
+    if (sq_.full()) return PostStatus::queue_full;
+    sq_.push(wr);
+    return PostStatus::ok;
+}
+
+bool Endpoint::tx_ready() const {
+    if (state_ == State::error) return term_pending_;
+    if (!irq_.empty()) return true;
+    if (sq_.empty()) return false;
+    auto& self = const_cast<Endpoint&>(*this);  // Ring::front is non-const; no mutation here
+    const WorkRequest& w = self.sq_.front();
+    const bool request = w.op == WrOp::read || w.op == WrOp::fetch_add || w.op == WrOp::cmp_swap;
+    return !(request && tx_src_ != TxSrc::sq && orq_.size() >= cfg_.ord);
+}
+
+std::size_t Endpoint::max_payload(std::size_t hdr_len) const {
+    const std::size_t m = framer_.mulpdu();
+    return m > hdr_len ? m - hdr_len : 0;
+}
+
+std::size_t Endpoint::pull_tx(std::span<std::byte> out) {
+    std::size_t used = 0;
+    for (;;) {
+        if (state_ == State::error) {
+            if (term_pending_) used += emit_terminate(out.subspan(used));
+            return used;
+        }
+        if (tx_src_ == TxSrc::none) {
+            tx_sent_ = 0;
+            tx_phase_ = 0;
+            if (!irq_.empty()) {
+                tx_src_ = TxSrc::irq;  // responses first: they free the peer's ORD credits
+            } else if (!sq_.empty()) {
+                const WorkRequest& w = sq_.front();
+                const bool request = w.op == WrOp::read || w.op == WrOp::fetch_add || w.op == WrOp::cmp_swap;
+                if (request && orq_.size() >= cfg_.ord) return used;  // ORD credits exhausted: wait
+                tx_src_ = TxSrc::sq;
+            } else {
+                return used;
+            }
+        }
+        const std::size_t n = tx_src_ == TxSrc::irq ? emit_irq(out.subspan(used)) : emit_sq(out.subspan(used));
+        if (n == 0 && state_ == State::operational) return used;
+        used += n;
+    }
+}
+
+std::size_t Endpoint::emit_terminate(std::span<std::byte> out) {
+    const std::span<const std::byte> t(term_tx_);
+    const std::span<const std::byte> piece = t.subspan(kTerminateLen, term_tx_len_ - kTerminateLen);
+    if (framer_.wire_size(term_tx_len_) > out.size()) return 0;
+    const std::size_t n = framer_.write(out, t.first(kTerminateLen), std::span<const std::span<const std::byte>>(&piece, 1));
+    term_pending_ = false;
+    return n;
+}
+
+std::size_t Endpoint::frame(std::span<std::byte> out, std::size_t hdr_len, std::size_t npieces) {
+    std::size_t ulpdu = hdr_len;
+    for (std::size_t i = 0; i < npieces; ++i) ulpdu += pieces_[i].size();
+    if (framer_.wire_size(ulpdu) > out.size()) return 0;
+    return framer_.write(out, std::span<const std::byte>(hdr_tx_).first(hdr_len),
+                         std::span<const std::span<const std::byte>>(pieces_).first(npieces));
+}
+
+std::size_t Endpoint::gather_sgl(const WorkRequest& wr, std::size_t off, std::size_t len) {
+    std::size_t n = 0;
+    for (std::size_t i = 0; i < wr.num_sge && len > 0; ++i) {
+        const std::span<const std::byte> s = wr.sgl[i];
+        if (off >= s.size()) {
+            off -= s.size();
+            continue;
+        }
+        const std::size_t take = std::min(len, s.size() - off);
+        pieces_[n++] = s.subspan(off, take);
+        len -= take;
+        off = 0;
+    }
+    return n;
+}
+
+void Endpoint::finish_sq_head() {
+    sq_.pop();
+    tx_src_ = TxSrc::none;
+}
+
+std::size_t Endpoint::emit_sq(std::span<std::byte> out) {
+    WorkRequest& wr = sq_.front();
+    const std::span<std::byte> h(hdr_tx_);
+
+    // Trailing Immediate Data message of a SEND/WRITE with immediate (RFC 7306 section 4): QN 0, one segment.
+    if (tx_phase_ == 1) {
+        const OpInfo& op = op_info(wr.solicited ? Opcode::imm_data_se : Opcode::imm_data);
+        ddp::UntaggedHeader{ddp::ctrl_with_last(op.ctrl, true), 0, kQnSend, tx_msn_[kQnSend], 0}.encode(h);
+        encode_imm(h, wr.imm);
+        const std::size_t n = frame(out, op.hdr_len, 0);
+        if (n == 0) return 0;
+        ++tx_msn_[kQnSend];
+        if (wr.signaled) upper_.on_completion(Completion{.kind = wc_kind(wr.op), .wr_id = wr.wr_id});
+        finish_sq_head();
+        return n;
+    }
+
+    switch (wr.op) {
+    case WrOp::send:
+    case WrOp::write: {
+        const bool send = wr.op == WrOp::send;
+        // With immediate data the SE flag goes on the Immediate Data message, which completes the WR.
+        const bool se = wr.solicited && !wr.with_imm;
+        const Opcode opc = !send ? Opcode::write
+                           : wr.with_inv ? (se ? Opcode::send_se_inv : Opcode::send_inv)
+                                         : (se ? Opcode::send_se : Opcode::send);
+        const OpInfo& op = op_info(opc);
+        const std::size_t total = sgl_length(wr);
+        const std::size_t maxp = max_payload(op.hdr_len);
+        if (maxp == 0 && total > 0) return 0;  // MULPDU below the header length: nothing can go out
+        ddp::Segment seg = ddp::SegmentPlan(total, std::max<std::size_t>(maxp, 1)).from(tx_sent_);
+        const std::size_t np = gather_sgl(wr, seg.offset, seg.len);
+        if (send) {
+            ddp::UntaggedHeader{ddp::ctrl_with_last(op.ctrl, seg.last), wr.with_inv ? wr.inv_stag : 0, kQnSend,
+                                tx_msn_[kQnSend], static_cast<std::uint32_t>(seg.offset)}
+                .encode(h);
+        } else {
+            ddp::TaggedHeader{ddp::ctrl_with_last(op.ctrl, seg.last), wr.remote_stag, wr.remote_to + seg.offset}.encode(h);
+        }
+        const std::size_t n = frame(out, op.hdr_len, np);
+        if (n == 0) return 0;
+        tx_sent_ += seg.len;
+        if (seg.last) {
+            if (send) ++tx_msn_[kQnSend];
+            if (wr.with_imm) {
+                tx_phase_ = 1;
+            } else {
+                if (wr.signaled) upper_.on_completion(Completion{.kind = wc_kind(wr.op), .wr_id = wr.wr_id});
+                finish_sq_head();
+            }
+        }
+        return n;
+    }
+    case WrOp::read: {
+        const OpInfo& op = op_info(Opcode::read_request);
+        ddp::UntaggedHeader{ddp::ctrl_with_last(op.ctrl, true), 0, kQnReadRequest, tx_msn_[kQnReadRequest], 0}.encode(h);
+        ReadRequest{wr.local_stag, wr.local_to, wr.read_len, wr.remote_stag, wr.remote_to}.encode(h);
+        const std::size_t n = frame(out, op.hdr_len, 0);
+        if (n == 0) return 0;
+        ++tx_msn_[kQnReadRequest];
+        orq_.push(OrqEntry{wr.op, wr.signaled, wr.wr_id, wr.local_stag, wr.local_to, wr.read_len, 0});
+        finish_sq_head();
+        return n;
+    }
+    case WrOp::fetch_add:
+    case WrOp::cmp_swap: {
+        const OpInfo& op = op_info(Opcode::atomic_request);
+        ddp::UntaggedHeader{ddp::ctrl_with_last(op.ctrl, true), 0, kQnReadRequest, tx_msn_[kQnReadRequest], 0}.encode(h);
+        AtomicRequest a{};
+        a.req_id = next_req_id_;
+        a.stag = wr.remote_stag;
+        a.to = wr.remote_to;
+        a.add_swap = wr.swap_add;
+        if (wr.op == WrOp::fetch_add) {
+            a.op = static_cast<std::uint8_t>(AtomicOp::fetch_add);  // no field boundaries: mask 0
+        } else {
+            a.op = static_cast<std::uint8_t>(AtomicOp::cmp_swap);  // verbs semantics: whole-word compare and swap
+            a.compare = wr.compare;
+            a.compare_mask = ~std::uint64_t{0};
+            a.add_swap_mask = ~std::uint64_t{0};
+        }
+        a.encode(h);
+        const std::size_t n = frame(out, op.hdr_len, 0);
+        if (n == 0) return 0;
+        ++tx_msn_[kQnReadRequest];
+        orq_.push(OrqEntry{wr.op, wr.signaled, wr.wr_id, 0, 0, 8, next_req_id_++});
+        finish_sq_head();
+        return n;
+    }
+    }
+    return 0;
+}
+
+std::size_t Endpoint::emit_irq(std::span<std::byte> out) {
+    IrqEntry& e = irq_.front();
+    const std::span<std::byte> h(hdr_tx_);
+    if (e.atomic) {
+        const OpInfo& op = op_info(Opcode::atomic_response);
+        ddp::UntaggedHeader{ddp::ctrl_with_last(op.ctrl, true), 0, kQnAtomicResponse, tx_msn_[kQnAtomicResponse], 0}
+            .encode(h);
+        e.ar.encode(h);
+        const std::size_t n = frame(out, op.hdr_len, 0);
+        if (n == 0) return 0;
+        ++tx_msn_[kQnAtomicResponse];
+        irq_.pop();
+        tx_src_ = TxSrc::none;
+        return n;
+    }
+    // READ response (RFC 5040 section 4.5): tagged to the requester's sink, data from our source region,
+    // which is looked up again here (it may have been deregistered since the request was checked).
+    const OpInfo& op = op_info(Opcode::read_response);
+    const std::size_t maxp = max_payload(op.hdr_len);
+    if (maxp == 0 && e.rr.size > 0) return 0;
+    ddp::Segment seg = ddp::SegmentPlan(e.rr.size, std::max<std::size_t>(maxp, 1)).from(tx_sent_);
+    std::size_t np = 0;
+    std::size_t got = 0;
+    while (got < seg.len && np < kMaxPieces) {
+        const Mem m = upper_.tagged(e.rr.src_stag, e.rr.src_to + seg.offset + got, seg.len - got, Access::remote_read);
+        if (m.err != MemError::none || m.ptr == nullptr || m.len == 0 || m.len > seg.len - got) {
+            const TermCode c = term_code_for(m.err == MemError::none ? MemError::bounds : m.err, MemUse::rdma_source);
+            fail(c, std::span<const std::byte>(e.hdr), kReadRequestLen);
+            return 0;
+        }
+        pieces_[np++] = std::span<const std::byte>(m.ptr, m.len);
+        got += m.len;
+    }
+    if (got < seg.len) {  // source came back in more pieces than one FPDU gathers: cut the segment here
+        seg.len = got;
+        seg.last = false;
+    }
+    ddp::TaggedHeader{ddp::ctrl_with_last(op.ctrl, seg.last), e.rr.sink_stag, e.rr.sink_to + seg.offset}.encode(h);
+    const std::size_t n = frame(out, op.hdr_len, np);
+    if (n == 0) return 0;
+    tx_sent_ += seg.len;
+    if (seg.last) {
+        irq_.pop();
+        tx_src_ = TxSrc::none;
+    }
+    return n;
+}
+
+// ==== RX =====================================================================================================
+
+std::size_t Endpoint::ulpdu_header_length(std::uint16_t ctrl) {
+    if (state_ == State::error) return 2;
+    if (ddp::check_ddp_ctrl(ctrl) || ctrl_rdmap_version(ctrl) != kRdmapVersion) return 2;
+    const OpInfo& op = kOpTable[ctrl_opcode(ctrl)];
+    if (!op.valid || op.tagged != ddp::ctrl_tagged(ctrl)) return 2;
+    return op.hdr_len;
+}
+
+ProtoStatus Endpoint::on_ulpdu_header(std::span<const std::byte> hdr, std::size_t payload_len) {
+    if (state_ == State::error) return error_;
+    rx_ = RxSeg{};
+    if (hdr.size() < 2) return fail(ddp::err::local_catastrophic, {}, 0);
+    const std::uint16_t ctrl = ddp::load_be16(hdr, 0);
+    // DDP first (RFC 5041 section 7.2), then RDMAP (RFC 5040 section 7.2): versions, then the opcode.
+    if (const ProtoStatus e = ddp::check_ddp_ctrl(ctrl)) return fail(*e, {}, 0);
+    if (ctrl_rdmap_version(ctrl) != kRdmapVersion) return fail(err::o_version, {}, 0);
+    const OpInfo& op = kOpTable[ctrl_opcode(ctrl)];
+    if (!op.valid || (op.dirs & kDirRx) == 0 || op.tagged != ddp::ctrl_tagged(ctrl)) return fail(err::o_opcode, {}, 0);
+    if (hdr.size() != op.hdr_len) return fail(ddp::err::local_catastrophic, {}, 0);  // deframer broke the contract
+
+    rx_.op = &op;
+    rx_.opcode = ctrl_opcode(ctrl);
+    rx_.hdr_len = hdr.size();
+    rx_.payload_len = payload_len;
+    std::memcpy(rx_.hdr.data(), hdr.data(), hdr.size());
+
+    if (op.tagged) {
+        rx_.th = *ddp::TaggedHeader::decode(hdr);
+        if (const ProtoStatus e = tagged_.check(rx_.th, payload_len)) return fail_rx(*e);
+        if (tagged_.in_message() && tagged_op_ != rx_.opcode) return fail_rx(err::o_opcode);
+        tagged_op_ = rx_.opcode;
+    } else {
+        rx_.uh = *ddp::UntaggedHeader::decode(hdr);
+        if (op.flow == Flow::terminate) {
+            // A TERMINATE is taken whatever its QN/MSN/MO: the stream ends either way, and no TERMINATE
+            // answers a TERMINATE.
+        } else {
+            if (rx_.uh.qn != op.qn) return fail_rx(ddp::err::u_invalid_qn);
+            ddp::UntaggedQueue& q = rxq_[rx_.uh.qn];
+            if (const ProtoStatus e = q.check(rx_.uh, payload_len)) return fail_rx(*e);
+            if (rx_.uh.qn == kQnSend && q.in_message() && send_op_ != rx_.opcode) return fail_rx(err::o_opcode);
+        }
+    }
+    if (op.payload == Payload::none && payload_len != 0) return fail_rx(ddp::err::u_too_long);
+    if (const ProtoStatus e = op.rx_header(*this)) return e;
+    return std::nullopt;
+}
+
+ProtoStatus Endpoint::on_ulpdu_payload(std::span<const std::byte> bytes) {
+    if (state_ == State::error) return error_;
+    if (rx_.op == nullptr || bytes.size() > rx_.payload_len - rx_.got) return fail_rx(ddp::err::local_catastrophic);
+    switch (rx_.op->payload) {
+    case Payload::none:
+        return fail_rx(ddp::err::local_catastrophic);  // unreachable: header check refused a payload
+    case Payload::term_info: {
+        const std::size_t room = term_rx_.size() - std::min(term_rx_.size(), term_rx_len_);
+        const std::size_t take = std::min(room, bytes.size());
+        std::memcpy(term_rx_.data() + term_rx_len_, bytes.data(), take);
+        term_rx_len_ += take;
+        break;
+    }
+    case Payload::data: {
+        ProtoStatus e;
+        if (rx_.op->tagged) {
+            e = ddp::place(bytes, rx_.got, [&](std::size_t off, std::size_t len) {
+                const Mem m = upper_.tagged(rx_.th.stag, rx_.th.to + off, len, rx_.access);
+                if (m.err != MemError::none) return ddp::Target{nullptr, 0, term_code_for(m.err, MemUse::tagged_sink)};
+                return ddp::Target{m.ptr, m.len, std::nullopt};
+            });
+        } else {
+            e = ddp::place(bytes, rx_.got, [&](std::size_t off, std::size_t len) {
+                const Mem m = upper_.recv_place(rx_.uh.msn, static_cast<std::uint32_t>(rx_.uh.mo + off), len);
+                if (m.err != MemError::none) return ddp::Target{nullptr, 0, term_code_for(m.err, MemUse::receive)};
+                return ddp::Target{m.ptr, m.len, std::nullopt};
+            });
+        }
+        if (e) return fail_rx(*e);
+        break;
+    }
+    }
+    rx_.got += bytes.size();
+    return std::nullopt;
+}
+
+ProtoStatus Endpoint::on_ulpdu_end() {
+    if (state_ == State::error) return error_;
+    if (rx_.op == nullptr || rx_.got != rx_.payload_len) return fail_rx(ddp::err::local_catastrophic);
+    const OpInfo& op = *rx_.op;
+    const ProtoStatus e = op.rx_end(*this);
+    if (state_ == State::error) return error_;
+    if (e) return e;
+    // The segment is whole and its CRC good: commit it to the DDP stream state.
+    if (op.tagged) {
+        tagged_.advance(rx_.th, rx_.payload_len);
+    } else if (op.flow != Flow::terminate) {
+        rxq_[rx_.uh.qn].advance(rx_.payload_len, rx_.uh.last());
+    }
+    rx_.op = nullptr;
+    return std::nullopt;
+}
+
+// ==== RX handlers (the opcode table's rx_header / rx_end) ====================================================
+
+// RDMA Write (RFC 5040 section 5.1): placed by DDP into the sink STag with remote-write right; no completion.
+ProtoStatus RxHandlers::write_header(Endpoint& ep) {
+    ep.rx_.access = Access::remote_write;
+    return std::nullopt;
+}
+ProtoStatus RxHandlers::write_end(Endpoint&) { return std::nullopt; }
+
+// RDMA Read Request (RFC 5040 section 5.2): checked now against IRD and the source region, answered in order.
+ProtoStatus RxHandlers::read_request_header(Endpoint& ep) {
+    if (ep.irq_.size() >= ep.cfg_.ird) return ep.fail_rx(err::o_catastrophic_stream);  // beyond our IRD (as siw)
+    const ReadRequest rr = ReadRequest::decode(ep.rx_.hdr);
+    if (rr.size == 0) return std::nullopt;  // zero-length READ (an RTR): STags not checked (RFC 6581)
+    if (rr.src_to > ~std::uint64_t{0} - (rr.size - 1)) return ep.fail_rx(err::p_to_wrap);
+    std::size_t done = 0;
+    while (done < rr.size) {
+        const Mem m = ep.upper_.tagged(rr.src_stag, rr.src_to + done, rr.size - done, Access::remote_read);
+        if (m.err != MemError::none) return ep.fail_rx(term_code_for(m.err, MemUse::rdma_source));
+        if (m.len == 0 || m.len > rr.size - done) return ep.fail_rx(err::p_base_bounds);
+        done += m.len;
+    }
+    return std::nullopt;
+}
+ProtoStatus RxHandlers::read_request_end(Endpoint& ep) {
+    Endpoint::IrqEntry e{};
+    e.atomic = false;
+    e.rr = ReadRequest::decode(ep.rx_.hdr);
+    std::memcpy(e.hdr.data(), ep.rx_.hdr.data(), kReadRequestLen);
+    ep.irq_.push(e);
+    return std::nullopt;
+}
+
+// RDMA Read Response (RFC 5040 section 5.2): must match the oldest outstanding request exactly: sink STag,
+// sink TO, and total length = RDMA Read Message Size (siw's checks and codes).
+ProtoStatus RxHandlers::read_response_header(Endpoint& ep) {
+    if (ep.orq_.empty() || ep.orq_.front().op != WrOp::read) return ep.fail_rx(err::o_opcode);
+    const Endpoint::OrqEntry& o = ep.orq_.front();
+    const ddp::TaggedHeader& th = ep.rx_.th;
+    const std::uint64_t before = ep.tagged_.in_message() ? ep.tagged_.received() : 0;
+    if (th.stag != o.sink_stag) return ep.fail_rx(ddp::err::t_invalid_stag);
+    if (!ep.tagged_.in_message() && th.to != o.sink_to) return ep.fail_rx(ddp::err::t_base_bounds);
+    if (before + ep.rx_.payload_len > o.size) return ep.fail_rx(ddp::err::t_base_bounds);
+    if (th.last() && before + ep.rx_.payload_len != o.size) return ep.fail_rx(ddp::err::t_base_bounds);
+    ep.rx_.access = Access::local_write;
+    return std::nullopt;
+}
+ProtoStatus RxHandlers::read_response_end(Endpoint& ep) {
+    if (!ep.rx_.th.last()) return std::nullopt;
+    const Endpoint::OrqEntry o = ep.orq_.front();
+    ep.orq_.pop();
+    if (o.signaled) ep.upper_.on_completion(Completion{.kind = WcKind::read, .wr_id = o.wr_id, .byte_len = o.size});
+    return std::nullopt;
+}
+
+// SEND family (RFC 5040 section 5.3) and Immediate Data (RFC 7306 section 4): QN 0, one posted receive per
+// message, bound at the message's first segment. iWARP has no receiver-not-ready retry: no receive is a
+// TERMINATE (DDP untagged, "no buffer available").
+ProtoStatus RxHandlers::send_header(Endpoint& ep) {
+    const ddp::UntaggedHeader& uh = ep.rx_.uh;
+    if (!ep.rxq_[kQnSend].in_message()) {
+        if (const MemError m = ep.upper_.recv_begin(uh.msn); m != MemError::none)
+            return ep.fail_rx(term_code_for(m, MemUse::receive));
+        ep.send_op_ = ep.rx_.opcode;
+        ep.rx_inv_stag_ = uh.rsvd_ulp;
+    }
+    return std::nullopt;
+}
+ProtoStatus RxHandlers::send_end(Endpoint& ep) {
+    const ddp::UntaggedHeader& uh = ep.rx_.uh;
+    if (!uh.last()) return std::nullopt;
+    const OpInfo& op = *ep.rx_.op;
+    Completion c{.kind = WcKind::recv, .msn = uh.msn, .byte_len = static_cast<std::uint32_t>(uh.mo + ep.rx_.payload_len),
+                 .solicited = op.solicited};
+    if (op.hdr_len == kImmDataLen) {
+        c.has_imm = true;
+        c.imm = decode_imm(ep.rx_.hdr);
+    }
+    if (op.invalidate) {
+        if (const MemError m = ep.upper_.invalidate(ep.rx_inv_stag_); m != MemError::none)
+            return ep.fail_rx(term_code_for(m, MemUse::invalidate));
+        c.has_inv = true;
+        c.inv_stag = ep.rx_inv_stag_;
+    }
+    ep.upper_.on_completion(c);
+    return std::nullopt;
+}
+
+// TERMINATE (RFC 5040 section 4.8): the attached bytes are kept (bounded) and reported at the end.
+ProtoStatus RxHandlers::terminate_header(Endpoint& ep) {
+    ep.term_rx_len_ = 0;
+    return std::nullopt;
+}
+ProtoStatus RxHandlers::terminate_end(Endpoint& ep) {
+    const TerminateHeader th = TerminateHeader::decode(ep.rx_.hdr);
+    ep.enter_error_received(th.code, th, std::span<const std::byte>(ep.term_rx_).first(ep.term_rx_len_));
+    return th.code;
+}
+
+// Atomic Request (RFC 7306 section 3): on QN 1 with READ requests, sharing IRD; the 8-byte target must be
+// aligned and carry the remote-atomic right. Executed when the segment is whole, answered in order.
+ProtoStatus RxHandlers::atomic_request_header(Endpoint& ep) {
+    if (ep.irq_.size() >= ep.cfg_.ird) return ep.fail_rx(err::o_catastrophic_stream);
+    const AtomicRequest a = AtomicRequest::decode(ep.rx_.hdr);
+    if (a.op > static_cast<std::uint8_t>(AtomicOp::cmp_swap)) return ep.fail_rx(err::o_opcode);
+    if ((a.to & 7) != 0) return ep.fail_rx(term_code_for(MemError::misaligned, MemUse::rdma_source));
+    const Mem m = ep.upper_.tagged(a.stag, a.to, 8, Access::remote_atomic);
+    if (m.err != MemError::none) return ep.fail_rx(term_code_for(m.err, MemUse::rdma_source));
+    if (m.len < 8 || (reinterpret_cast<std::uintptr_t>(m.ptr) & 7) != 0)
+        return ep.fail_rx(term_code_for(MemError::misaligned, MemUse::rdma_source));
+    return std::nullopt;
+}
+ProtoStatus RxHandlers::atomic_request_end(Endpoint& ep) {
+    const AtomicRequest a = AtomicRequest::decode(ep.rx_.hdr);
+    const Mem m = ep.upper_.tagged(a.stag, a.to, 8, Access::remote_atomic);  // looked up again: CRC now good
+    if (m.err != MemError::none) return ep.fail_rx(term_code_for(m.err, MemUse::rdma_source));
+    if (m.len < 8 || (reinterpret_cast<std::uintptr_t>(m.ptr) & 7) != 0)
+        return ep.fail_rx(term_code_for(MemError::misaligned, MemUse::rdma_source));
+    // Host-order 64-bit word in the region; atomic against local CPU access to it.
+    std::atomic_ref<std::uint64_t> word(*reinterpret_cast<std::uint64_t*>(m.ptr));
+    std::uint64_t orig = word.load();
+    while (!word.compare_exchange_weak(orig, atomic_apply(a, orig).value_or(orig))) {
+    }
+    Endpoint::IrqEntry e{};
+    e.atomic = true;
+    e.ar = AtomicResponse{a.req_id, orig};
+    ep.irq_.push(e);
+    return std::nullopt;
+}
+
+// Atomic Response (RFC 7306 section 3.2): QN 3, must answer the oldest outstanding request, an atomic one,
+// with its request identifier.
+ProtoStatus RxHandlers::atomic_response_header(Endpoint& ep) {
+    if (ep.orq_.empty() || ep.orq_.front().op == WrOp::read) return ep.fail_rx(err::o_opcode);
+    if (AtomicResponse::decode(ep.rx_.hdr).req_id != ep.orq_.front().req_id) return ep.fail_rx(err::o_opcode);
+    return std::nullopt;
+}
+ProtoStatus RxHandlers::atomic_response_end(Endpoint& ep) {
+    const AtomicResponse r = AtomicResponse::decode(ep.rx_.hdr);
+    const Endpoint::OrqEntry o = ep.orq_.front();
+    ep.orq_.pop();
+    if (o.signaled)
+        ep.upper_.on_completion(Completion{.kind = WcKind::atomic, .wr_id = o.wr_id, .byte_len = 8, .atomic_original = r.original});
+    return std::nullopt;
+}
+
+}  // namespace softrdma::rdmap

@@ -1,0 +1,219 @@
+// SPDX-License-Identifier: MIT
+// rdmap::Endpoint: one RDMAP stream (one connection in RDMA mode), testable on bytes.
+//
+//   TX: post() queues work requests; pull_tx(out) writes whole FPDUs for them (and for READ/atomic responses
+//       and the TERMINATE) into the caller's buffer, segmented at MULPDU by DDP rules.
+//   RX: the endpoint is the MPA deframer's UlpduHandler (ulpdu_header_length / on_ulpdu_header /
+//       on_ulpdu_payload / on_ulpdu_end); payload is copied once, from the input buffer to the memory the
+//       upper layer names.
+//   Errors: every MPA, DDP and RDMAP error goes through one function (fail) that builds the TERMINATE,
+//       moves the endpoint to State::error for good and flushes posted work. pull_tx then emits only the
+//       TERMINATE.
+//
+// Threading: single-threaded; all calls (and all Upper callbacks) on the connection's thread.
+// Memory: everything is allocated in the constructor (queues sized by Config); nothing on the data path.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "ddp/header.hpp"
+#include "ddp/reassembly.hpp"
+#include "mpa/term_code.hpp"
+#include "rdmap/framer.hpp"
+#include "rdmap/messages.hpp"
+#include "rdmap/opcode.hpp"
+#include "rdmap/upper.hpp"
+
+namespace softrdma::rdmap {
+
+// SGEs per work request (siw offers 6; libibverbs' common max_send_sge is 4..32).
+inline constexpr std::size_t kMaxSge = 8;
+// Payload pieces gathered into one FPDU. A READ response source may come back in pieces (non-contiguous
+// region): a segment is cut short rather than gather more than this. Must be >= kMaxSge.
+inline constexpr std::size_t kMaxPieces = 16;
+static_assert(kMaxPieces >= kMaxSge);
+
+enum class WrOp : std::uint8_t { send, write, read, fetch_add, cmp_swap };
+
+// A send-queue work request (the shape of ibv_send_wr). The endpoint copies the request; the memory the SGEs
+// point to stays owned by the poster and must stay valid and unchanged until the WR's completion (or flush).
+struct WorkRequest {
+    std::uint64_t wr_id{0};
+    WrOp op{WrOp::send};
+    bool signaled{true};
+    bool solicited{false};      // send (and its Immediate Data): SE variant
+    bool with_imm{false};       // send/write: followed by an Immediate Data message (RFC 7306 section 4)
+    std::uint64_t imm{0};
+    bool with_inv{false};       // send: SEND with Invalidate of inv_stag
+    std::uint32_t inv_stag{0};
+    std::uint32_t remote_stag{0};  // write: sink; read: source; atomics: target
+    std::uint64_t remote_to{0};
+    std::uint32_t local_stag{0};   // read: our sink region (checked again on arrival with local_write)
+    std::uint64_t local_to{0};
+    std::uint32_t read_len{0};     // read: RDMA Read Message Size
+    std::uint64_t compare{0};      // cmp_swap: compare value
+    std::uint64_t swap_add{0};     // cmp_swap: swap value; fetch_add: addend
+    std::array<std::span<const std::byte>, kMaxSge> sgl{};  // send/write payload, gathered in order
+    std::uint8_t num_sge{0};
+};
+
+enum class PostStatus : std::uint8_t { ok, queue_full, bad_wr, not_operational };
+
+struct Config {
+    std::uint32_t sq_depth{64};  // WRs posted and not yet handed to the wire (or awaiting a response)
+    std::uint16_t ird{16};       // inbound READ + atomic requests we hold for answer (MPA-negotiated IRD)
+    std::uint16_t ord{16};       // outbound READ + atomic requests outstanding (MPA-negotiated ORD)
+};
+
+enum class State : std::uint8_t { operational, error };
+
+class Endpoint {
+public:
+    // `upper` and `framer` are borrowed and must outlive the endpoint.
+    Endpoint(Upper& upper, Framer& framer, Config cfg);
+
+    // ---- TX ------------------------------------------------------------------------------------------------
+    PostStatus post(const WorkRequest& wr);
+    // Writes as many whole FPDUs as fit into `out` (caller-owned; nothing written past out.size()), returns the
+    // byte count. 0 when nothing is ready or the next FPDU does not fit.
+    std::size_t pull_tx(std::span<std::byte> out);
+    bool tx_ready() const;
+
+    // ---- RX: mpa UlpduHandler --------------------------------------------------------------------------------
+    // Header bytes for a ULPDU whose first 16 bits are `ctrl`, counted from the DDP control byte. For a control
+    // word we cannot parse (bad version, reserved opcode) answers 2, so that on_ulpdu_header() is called
+    // with the control word alone and reports the exact error.
+    std::size_t ulpdu_header_length(std::uint16_t ctrl);
+    // `hdr`: the whole header, borrowed for the call; `payload_len`: payload bytes that follow.
+    ProtoStatus on_ulpdu_header(std::span<const std::byte> hdr, std::size_t payload_len);
+    // `bytes` points into the caller's input buffer, borrowed for the call; copied to its target here.
+    ProtoStatus on_ulpdu_payload(std::span<const std::byte> bytes);
+    ProtoStatus on_ulpdu_end();
+
+    // ---- errors from below: the deframer's error (CRC, bad length, ...) enters the choke point here ------
+    void on_llp_error(TermCode code);
+
+    State state() const { return state_; }
+    const std::optional<TermCode>& error() const { return error_; }
+    std::uint32_t orq_outstanding() const { return static_cast<std::uint32_t>(orq_.size()); }
+    std::uint32_t irq_outstanding() const { return static_cast<std::uint32_t>(irq_.size()); }
+
+private:
+    friend struct RxHandlers;
+
+    // Fixed-capacity FIFO over storage allocated once.
+    template <class T>
+    class Ring {
+    public:
+        explicit Ring(std::size_t cap) : buf_(cap) {}
+        bool empty() const { return n_ == 0; }
+        bool full() const { return n_ == buf_.size(); }
+        std::size_t size() const { return n_; }
+        T& front() { return buf_[head_]; }
+        T& at(std::size_t i) { return buf_[(head_ + i) % buf_.size()]; }
+        void push(const T& v) {
+            buf_[(head_ + n_) % buf_.size()] = v;
+            ++n_;
+        }
+        void pop() {
+            head_ = (head_ + 1) % buf_.size();
+            --n_;
+        }
+        void clear() { head_ = n_ = 0; }
+
+    private:
+        std::vector<T> buf_;
+        std::size_t head_{0};
+        std::size_t n_{0};
+    };
+
+    // An outbound READ or atomic request waiting for its response (ORQ, oldest first).
+    struct OrqEntry {
+        WrOp op{WrOp::read};
+        bool signaled{true};
+        std::uint64_t wr_id{0};
+        std::uint32_t sink_stag{0};
+        std::uint64_t sink_to{0};
+        std::uint32_t size{0};
+        std::uint32_t req_id{0};
+    };
+    // An inbound READ or atomic request to answer (IRQ, oldest first). `hdr` keeps the READ request as
+    // received, for a TERMINATE if its source fails while the response is being sent.
+    struct IrqEntry {
+        bool atomic{false};
+        ReadRequest rr{};
+        AtomicResponse ar{};
+        std::array<std::byte, kReadRequestLen> hdr{};
+    };
+    // The segment being received.
+    struct RxSeg {
+        const OpInfo* op{nullptr};
+        std::uint8_t opcode{0};
+        std::size_t hdr_len{0};
+        std::size_t payload_len{0};
+        std::size_t got{0};
+        ddp::TaggedHeader th{};
+        ddp::UntaggedHeader uh{};
+        Access access{Access::remote_write};
+        std::array<std::byte, kMaxHeaderLen> hdr{};
+    };
+    enum class TxSrc : std::uint8_t { none, sq, irq };
+
+    // The choke point. Records `code`, builds the TERMINATE (attaching the DDP Segment Length and the
+    // offending header `hdr` as RFC 5040 section 4.8 and attach rules in endpoint.cpp say), reports it,
+    // flushes posted work, and returns `code` so callers can `return fail(...)`.
+    TermCode fail(TermCode code, std::span<const std::byte> hdr, std::size_t seg_len);
+    TermCode fail_rx(TermCode code);  // fail() with the segment being received attached
+    void enter_error_received(TermCode code, const TerminateHeader& th, std::span<const std::byte> attached);
+    void flush();
+
+    std::size_t emit_terminate(std::span<std::byte> out);
+    std::size_t emit_sq(std::span<std::byte> out);
+    std::size_t emit_irq(std::span<std::byte> out);
+    // Frames one segment: header in hdr_tx_[0..hdr_len), payload pieces in pieces_[0..npieces). 0 if no fit.
+    std::size_t frame(std::span<std::byte> out, std::size_t hdr_len, std::size_t npieces);
+    // Fills pieces_ with the SGL bytes [off, off + len); returns the piece count.
+    std::size_t gather_sgl(const WorkRequest& wr, std::size_t off, std::size_t len);
+    std::size_t max_payload(std::size_t hdr_len) const;
+    void finish_sq_head();
+
+    Upper& upper_;
+    Framer& framer_;
+    Config cfg_;
+    State state_{State::operational};
+    std::optional<TermCode> error_{};
+
+    // TX
+    Ring<WorkRequest> sq_;   // sized by cfg.sq_depth
+    Ring<OrqEntry> orq_;     // sized by cfg.ord: a READ/atomic is not sent while ORD requests are outstanding
+    Ring<IrqEntry> irq_;     // sized by cfg.ird: an inbound request beyond IRD is a TERMINATE
+    TxSrc tx_src_{TxSrc::none};
+    std::uint8_t tx_phase_{0};   // 0: the WR's main message; 1: its trailing Immediate Data message
+    std::size_t tx_sent_{0};     // payload bytes of the current message already framed
+    std::array<std::uint32_t, kQueueCount> tx_msn_{1, 1, 1, 1};  // next MSN per queue (RFC 5041 section 5.3)
+    std::uint32_t next_req_id_{1};
+    std::array<std::byte, kMaxHeaderLen> hdr_tx_{};
+    std::array<std::span<const std::byte>, kMaxPieces> pieces_{};
+
+    // RX
+    std::array<ddp::UntaggedQueue, kQueueCount> rxq_{};
+    ddp::TaggedStream tagged_{};
+    std::uint8_t tagged_op_{0};  // opcode of the tagged message in progress
+    std::uint8_t send_op_{0};    // opcode of the QN 0 message in progress
+    std::uint32_t rx_inv_stag_{0};
+    RxSeg rx_{};
+    std::array<std::byte, 2 + kMaxHeaderLen> term_rx_{};  // received TERMINATE's attached bytes (truncated)
+    std::size_t term_rx_len_{0};
+
+    // TERMINATE to send: header + DDP Segment Length + the largest offending header.
+    std::array<std::byte, kTerminateLen + 2 + kMaxHeaderLen> term_tx_{};
+    std::size_t term_tx_len_{0};
+    bool term_pending_{false};
+};
+
+}  // namespace softrdma::rdmap

@@ -1,0 +1,24 @@
+// SPDX-License-Identifier: MIT
+// How the endpoint turns one ULPDU (header + gathered payload) into FPDU bytes: the MPA framing seam.
+// Production wraps mpa::FpduTx (see rdmap/fpdu_framer.hpp); tests may use a trivial framer.
+#pragma once
+
+#include <cstddef>
+#include <span>
+
+namespace softrdma::rdmap {
+
+class Framer {
+public:
+    virtual ~Framer() = default;
+    // Largest ULPDU (DDP header + payload) one FPDU may carry (RFC 5044 MULPDU).
+    virtual std::size_t mulpdu() const = 0;
+    // Bytes an FPDU carrying `ulpdu_len` ULPDU bytes takes on the wire (length, pad, CRC, markers).
+    virtual std::size_t wire_size(std::size_t ulpdu_len) const = 0;
+    // Writes one whole FPDU at the front of `out`, out.size() >= wire_size(ulpdu_len). Returns the bytes written.
+    // Reads `header` and `payload` (borrowed, caller-owned) during the call only.
+    virtual std::size_t write(std::span<std::byte> out, std::span<const std::byte> header,
+                              std::span<const std::span<const std::byte>> payload) = 0;
+};
+
+}  // namespace softrdma::rdmap
