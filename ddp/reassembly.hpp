@@ -99,19 +99,26 @@ struct Target {
 
 // Copies `piece` (payload bytes at `offset` from the segment's or message's start, pointing into the
 // caller's input buffer) to the targets `resolve(offset, len) -> Target` names, asking again at each target
-// boundary. This is the only copy on the receive path. A resolver answering 0 bytes, more than asked, or a
-// null pointer is a local catastrophic error: nothing is written outside what the resolver handed out.
-template <class Resolve>
-ProtoStatus place(std::span<const std::byte> piece, std::size_t offset, Resolve&& resolve) {
+// boundary, with `copy(dst, src, n)` (memcpy, or a copy that also runs the MPA CRC). This is the only copy on
+// the receive path. A resolver answering 0 bytes, more than asked, or a null pointer is a local catastrophic
+// error: nothing is written outside what the resolver handed out.
+template <class Resolve, class Copy>
+ProtoStatus place(std::span<const std::byte> piece, std::size_t offset, Resolve&& resolve, Copy&& copy) {
     while (!piece.empty()) {
         const Target t = resolve(offset, piece.size());
         if (t.err) return t.err;
         if (t.dst == nullptr || t.len == 0 || t.len > piece.size()) return err::local_catastrophic;
-        std::memcpy(t.dst, piece.data(), t.len);
+        copy(t.dst, piece.data(), t.len);
         piece = piece.subspan(t.len);
         offset += t.len;
     }
     return std::nullopt;
+}
+
+template <class Resolve>
+ProtoStatus place(std::span<const std::byte> piece, std::size_t offset, Resolve&& resolve) {
+    return place(piece, offset, resolve,
+                 [](std::byte* dst, const std::byte* src, std::size_t n) { std::memcpy(dst, src, n); });
 }
 
 }  // namespace softrdma::ddp

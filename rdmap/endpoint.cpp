@@ -7,6 +7,7 @@
 
 #include "ddp/segment.hpp"
 #include "ddp/wire.hpp"
+#include "mpa/crc32c.hpp"
 
 namespace softrdma::rdmap {
 
@@ -379,10 +380,10 @@ std::size_t Endpoint::emit_irq(std::span<std::byte> out) {
 // ==== RX =====================================================================================================
 
 std::size_t Endpoint::ulpdu_header_length(std::uint16_t ctrl) {
-    if (state_ == State::error) return 2;
-    if (ddp::check_ddp_ctrl(ctrl) || ctrl_rdmap_version(ctrl) != kRdmapVersion) return 2;
+    if (state_ == State::error) return 0;
+    if (ddp::check_ddp_ctrl(ctrl) || ctrl_rdmap_version(ctrl) != kRdmapVersion) return 0;
     const OpInfo& op = kOpTable[ctrl_opcode(ctrl)];
-    if (!op.valid || op.tagged != ddp::ctrl_tagged(ctrl)) return 2;
+    if (!op.valid || op.tagged != ddp::ctrl_tagged(ctrl)) return 0;
     return op.hdr_len;
 }
 
@@ -427,6 +428,24 @@ ProtoStatus Endpoint::on_ulpdu_header(std::span<const std::byte> hdr, std::size_
 }
 
 ProtoStatus Endpoint::on_ulpdu_payload(std::span<const std::byte> bytes) {
+    return rx_payload(bytes, [](std::byte* dst, const std::byte* src, std::size_t n) { std::memcpy(dst, src, n); });
+}
+
+ProtoStatus Endpoint::on_ulpdu_payload_crc(std::span<const std::byte> bytes, std::uint32_t& crc_state) {
+    // Bytes not copied (an error stops placement) need no CRC: the stream is dead then.
+    std::uint32_t st = crc_state;
+    const ProtoStatus e = rx_payload(bytes, [&st](std::byte* dst, const std::byte* src, std::size_t n) {
+        st = mpa::crc32c_copy(st, dst, src, n);
+    });
+    if (!e && rx_.op != nullptr && rx_.op->payload == Payload::term_info) {
+        st = mpa::crc32c_update(crc_state, bytes);  // TERMINATE info is kept truncated: CRC the whole piece
+    }
+    crc_state = st;
+    return e;
+}
+
+template <class Copy>
+ProtoStatus Endpoint::rx_payload(std::span<const std::byte> bytes, Copy&& copy) {
     if (state_ == State::error) return error_;
     if (rx_.op == nullptr || bytes.size() > rx_.payload_len - rx_.got) return fail_rx(ddp::err::local_catastrophic);
     switch (rx_.op->payload) {
@@ -442,17 +461,24 @@ ProtoStatus Endpoint::on_ulpdu_payload(std::span<const std::byte> bytes) {
     case Payload::data: {
         ProtoStatus e;
         if (rx_.op->tagged) {
-            e = ddp::place(bytes, rx_.got, [&](std::size_t off, std::size_t len) {
-                const Mem m = upper_.tagged(rx_.th.stag, rx_.th.to + off, len, rx_.access);
-                if (m.err != MemError::none) return ddp::Target{nullptr, 0, term_code_for(m.err, MemUse::tagged_sink)};
-                return ddp::Target{m.ptr, m.len, std::nullopt};
-            });
+            e = ddp::place(
+                bytes, rx_.got,
+                [&](std::size_t off, std::size_t len) {
+                    const Mem m = upper_.tagged(rx_.th.stag, rx_.th.to + off, len, rx_.access);
+                    if (m.err != MemError::none)
+                        return ddp::Target{nullptr, 0, term_code_for(m.err, MemUse::tagged_sink)};
+                    return ddp::Target{m.ptr, m.len, std::nullopt};
+                },
+                copy);
         } else {
-            e = ddp::place(bytes, rx_.got, [&](std::size_t off, std::size_t len) {
-                const Mem m = upper_.recv_place(rx_.uh.msn, static_cast<std::uint32_t>(rx_.uh.mo + off), len);
-                if (m.err != MemError::none) return ddp::Target{nullptr, 0, term_code_for(m.err, MemUse::receive)};
-                return ddp::Target{m.ptr, m.len, std::nullopt};
-            });
+            e = ddp::place(
+                bytes, rx_.got,
+                [&](std::size_t off, std::size_t len) {
+                    const Mem m = upper_.recv_place(rx_.uh.msn, static_cast<std::uint32_t>(rx_.uh.mo + off), len);
+                    if (m.err != MemError::none) return ddp::Target{nullptr, 0, term_code_for(m.err, MemUse::receive)};
+                    return ddp::Target{m.ptr, m.len, std::nullopt};
+                },
+                copy);
         }
         if (e) return fail_rx(*e);
         break;

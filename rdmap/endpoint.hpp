@@ -85,14 +85,17 @@ public:
     bool tx_ready() const;
 
     // ---- RX: mpa UlpduHandler --------------------------------------------------------------------------------
-    // Header bytes for a ULPDU whose first 16 bits are `ctrl`, counted from the DDP control byte. For a control
-    // word we cannot parse (bad version, reserved opcode) answers 2, so that on_ulpdu_header() is called
-    // with the control word alone and reports the exact error.
+    // Header bytes for a ULPDU whose first 16 bits are `ctrl`, counted from the DDP control byte. 0 for a
+    // control word we cannot parse (bad version, reserved opcode, T flag not the opcode's): the deframer then
+    // calls on_ulpdu_header() with the control word alone, which reports the exact error.
     std::size_t ulpdu_header_length(std::uint16_t ctrl);
     // `hdr`: the whole header, borrowed for the call; `payload_len`: payload bytes that follow.
     ProtoStatus on_ulpdu_header(std::span<const std::byte> hdr, std::size_t payload_len);
     // `bytes` points into the caller's input buffer, borrowed for the call; copied to its target here.
     ProtoStatus on_ulpdu_payload(std::span<const std::byte> bytes);
+    // Same, when MPA CRC is on: the copy runs the CRC too (crc32c_copy), so payload is read once. `crc_state`
+    // is the deframer's running CRC register, updated over every byte of `bytes`.
+    ProtoStatus on_ulpdu_payload_crc(std::span<const std::byte> bytes, std::uint32_t& crc_state);
     ProtoStatus on_ulpdu_end();
 
     // ---- errors from below: the deframer's error (CRC, bad length, ...) enters the choke point here ------
@@ -172,6 +175,8 @@ private:
     void enter_error_received(TermCode code, const TerminateHeader& th, std::span<const std::byte> attached);
     void flush();
 
+    template <class Copy>
+    ProtoStatus rx_payload(std::span<const std::byte> bytes, Copy&& copy);
     std::size_t emit_terminate(std::span<std::byte> out);
     std::size_t emit_sq(std::span<std::byte> out);
     std::size_t emit_irq(std::span<std::byte> out);
