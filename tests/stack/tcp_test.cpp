@@ -1,0 +1,96 @@
+// SPDX-License-Identifier: MIT
+// lwIP TCP on DPDK between two processes: memif (the default backend) and af_packet on a veth pair between
+// two network namespaces. Every role ends by checking lwIP's pools and DPDK's mempool are back to their
+// starting counts (tests/support/tcp_roles.cpp: finish()).
+#include <catch2/catch.hpp>
+
+#include "tests/support/netns.hpp"
+#include "tests/support/processes.hpp"
+#include "tests/support/tcp_roles.hpp"
+
+using namespace softrdma;
+using namespace softrdma::test;
+using namespace std::chrono_literals;
+
+namespace {
+
+void check_outcomes(const std::vector<ChildOutcome>& out) {
+    for (const auto& o : out) {
+        INFO(o.name << " exit=" << o.exit_code << (o.timed_out ? " TIMED OUT" : "") << "\n" << o.report);
+        CHECK_FALSE(o.timed_out);
+        CHECK(o.exit_code == 0);
+        CHECK(o.report.find("pools back to start") != std::string::npos);
+    }
+}
+
+std::string field(const std::string& report, const std::string& key) {
+    const auto at = report.find(key + "=");
+    if (at == std::string::npos) return "?";
+    const auto end = report.find_first_of(" \n", at);
+    return report.substr(at + key.size() + 1, end - at - key.size() - 1);
+}
+
+}  // namespace
+
+TEST_CASE("256 MiB TCP stream over memif arrives intact", "[stack][memif]") {
+    auto [server, client] = memif_pair();
+    constexpr std::uint64_t bytes = 256ull << 20;
+    const auto out = run_roles({{"server", [&] { return stream_server(server, bytes, 1); }},
+                                {"client", [&] { return stream_client(client, bytes, 1); }, 200ms}},
+                               180s);
+    check_outcomes(out);
+    CHECK(field(out[0].report, "rx_bytes") == std::to_string(bytes));
+    WARN("memif stream: " << field(out[0].report, "MBps") << " MB/s");
+}
+
+TEST_CASE("connecting to a closed port reports refused", "[stack][memif]") {
+    auto [server, client] = memif_pair();
+    client.tcp_port = 5001;  // nobody listens there
+    const auto out = run_roles({{"idle server", [&] { return idle_peer(server, 30); }},
+                                {"client", [&] { return refused_client(client); }, 200ms}},
+                               60s);
+    check_outcomes(out);
+    CHECK(out[1].report.find("connection refused") != std::string::npos);
+}
+
+TEST_CASE("an abort by the peer is reported as reset", "[stack][memif]") {
+    auto [server, client] = memif_pair();
+    const auto out = run_roles({{"aborting server", [&] { return aborting_server(server); }},
+                                {"client", [&] { return reset_expecting_client(client); }, 200ms}},
+                               60s);
+    check_outcomes(out);
+    CHECK(out[1].report.find("connection reset by peer") != std::string::npos);
+}
+
+TEST_CASE("100 concurrent connections each move 1 MiB", "[stack][memif]") {
+    auto [server, client] = memif_pair();
+    constexpr std::uint64_t bytes = 1ull << 20;
+    const auto out = run_roles({{"server", [&] { return stream_server(server, bytes, 100); }},
+                                {"client", [&] { return stream_client(client, bytes, 100); }, 200ms}},
+                               180s);
+    check_outcomes(out);
+    CHECK(field(out[0].report, "rx_bytes") == std::to_string(100 * bytes));
+}
+
+TEST_CASE("256 MiB TCP stream over af_packet on a veth pair between two namespaces", "[stack][af_packet]") {
+    std::string why;
+    if (!VethPair::can_create(why)) {
+        WARN("skipped: " << why);
+        return;
+    }
+    VethPair veth;
+    auto [server, client] = memif_pair();
+    server.port = client.port = io::PortConfig{};
+    server.port.backend = client.port.backend = io::Backend::af_packet;
+    server.port.iface = veth.if_a;
+    client.port.iface = veth.if_b;
+    server.netns = veth.ns_a;
+    client.netns = veth.ns_b;
+    constexpr std::uint64_t bytes = 256ull << 20;
+    const auto out = run_roles({{"server", [&] { return stream_server(server, bytes, 1); }},
+                                {"client", [&] { return stream_client(client, bytes, 1); }, 200ms}},
+                               240s);
+    check_outcomes(out);
+    CHECK(field(out[0].report, "rx_bytes") == std::to_string(bytes));
+    WARN("af_packet stream: " << field(out[0].report, "MBps") << " MB/s");
+}

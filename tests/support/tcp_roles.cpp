@@ -1,0 +1,313 @@
+// SPDX-License-Identifier: MIT
+#include "tests/support/tcp_roles.hpp"
+
+#include <fcntl.h>
+#include <sched.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstring>
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "stack/tcp.hpp"
+#include "tests/support/processes.hpp"
+
+namespace softrdma::test {
+namespace {
+
+using namespace std::chrono_literals;
+using stack::RecvBuffer;
+using stack::TcpConnection;
+using stack::TcpError;
+
+struct Env {
+    std::unique_ptr<io::Port> port;
+    std::unique_ptr<stack::Stack> stack;
+    stack::PoolUsage baseline;
+};
+
+Env start(const PeerConfig& cfg) {
+    if (!cfg.netns.empty()) {
+        const std::string path = "/run/netns/" + cfg.netns;
+        const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+        if (fd < 0 || ::setns(fd, CLONE_NEWNET) != 0) throw std::runtime_error("cannot enter netns " + cfg.netns);
+        ::close(fd);
+    }
+    Env env;
+    env.port = io::open_port(cfg.port, cfg.eal);
+    env.stack = std::make_unique<stack::Stack>(*env.port, cfg.stack);
+    env.baseline = env.stack->pool_usage();
+    return env;
+}
+
+// Waits for every connection to finish closing, drops TIME_WAIT, and compares pools with the start.
+int finish(Env& env, int rc) {
+    env.stack->run_until([&] { return env.stack->active_pcbs() == 0; }, 10s);
+    // A little longer: the last ACK of the peer's close must go out.
+    env.stack->run_until([] { return false; }, 20ms);
+    env.stack->purge_time_wait();
+    // lwIP's TCP timer stops re-arming itself one tick after the last pcb is gone.
+    env.stack->run_until([] { return false; }, 30ms);
+    const std::string diff = env.baseline.diff(env.stack->pool_usage());
+    if (!diff.empty()) {
+        report("pools not back to start: " + diff);
+        rc = rc == 0 ? 3 : rc;
+    } else {
+        report("pools back to start");
+    }
+    const auto& c = env.stack->counters();
+    report("stack rx_frames=" + std::to_string(c.rx_frames) + " rx_dropped=" + std::to_string(c.rx_dropped) +
+           " tx_frames=" + std::to_string(c.tx_frames) + " tx_dropped=" + std::to_string(c.tx_dropped));
+    const auto d = env.port->device_stats();
+    report("port tx_refused=" + std::to_string(env.port->counters().tx_refused) + " imissed=" +
+           std::to_string(d.imissed) + " ierrors=" + std::to_string(d.ierrors) + " rx_nombuf=" +
+           std::to_string(d.rx_nombuf) + " oerrors=" + std::to_string(d.oerrors));
+    return rc;
+}
+
+// Receives one stream: an 8-byte seed, then `bytes` of pattern(seed); closes after the peer's FIN.
+struct StreamSink : TcpConnection::Handler {
+    std::unique_ptr<TcpConnection> conn;
+    std::uint64_t expected = 0;
+    std::uint64_t received = 0;  // pattern bytes received
+    std::array<std::byte, 8> seed_bytes{};
+    std::size_t seed_have = 0;
+    std::uint64_t seed = 0;
+    bool closed = false;
+    std::string error;
+
+    void on_receive(TcpConnection&, RecvBuffer data) override {
+        data.for_each_segment([&](std::span<const std::byte> seg) {
+            while (seed_have < 8 && !seg.empty()) {
+                seed_bytes[seed_have++] = seg[0];
+                seg = seg.subspan(1);
+                if (seed_have == 8) std::memcpy(&seed, seed_bytes.data(), 8);
+            }
+            if (seg.empty() || !error.empty()) return;
+            if (const auto bad = check_pattern(seed, received, seg); bad >= 0)
+                error = "content mismatch at stream offset " + std::to_string(received + bad);
+            received += seg.size();
+        });
+        // Leaving scope frees the pbufs (mbufs back to DPDK) and reopens the window.
+    }
+    void on_remote_close(TcpConnection& c) override {
+        c.close();
+        closed = true;
+    }
+    void on_error(TcpConnection&, TcpError e) override { error = stack::to_string(e); }
+};
+
+struct Acceptor : stack::TcpListener::Handler {
+    std::vector<std::unique_ptr<StreamSink>> sinks;
+    std::uint64_t expected = 0;
+    void on_accept(std::unique_ptr<TcpConnection> c) override {
+        auto sink = std::make_unique<StreamSink>();
+        sink->expected = expected;
+        c->set_handler(sink.get());
+        sink->conn = std::move(c);
+        sinks.push_back(std::move(sink));
+    }
+};
+
+// Sends one stream: seed, then `bytes` of pattern(seed) in chunks, then FIN.
+struct StreamSource : TcpConnection::Handler {
+    std::unique_ptr<TcpConnection> conn;
+    std::uint64_t seed = 0;
+    std::uint64_t total = 0;
+    std::uint64_t sent = 0;       // pattern bytes handed to TCP
+    bool header_sent = false;
+    bool connected = false;
+    bool fin_sent = false;
+    bool remote_closed = false;
+    std::string error;
+    std::array<std::byte, 16384> chunk{};
+
+    void pump() {
+        if (!connected || fin_sent || !conn || !conn->open()) return;
+        if (!header_sent) {
+            std::array<std::byte, 8> h;
+            std::memcpy(h.data(), &seed, 8);
+            if (conn->write(h) != 8) return;
+            header_sent = true;
+        }
+        while (sent < total) {
+            const std::size_t n = std::min<std::uint64_t>(chunk.size(), total - sent);
+            const std::size_t room = std::min(n, conn->send_space());
+            if (room == 0) break;
+            fill_pattern(seed, sent, std::span(chunk).first(room));
+            const std::size_t took = conn->write(std::span(chunk).first(room));
+            sent += took;
+            if (took < room) break;  // back-pressure: more after on_sent (or the next pump)
+        }
+        conn->flush();
+        if (sent == total && conn->close()) fin_sent = true;
+    }
+    void on_connected(TcpConnection&) override {
+        connected = true;
+        pump();
+    }
+    void on_receive(TcpConnection&, RecvBuffer) override {}
+    void on_sent(TcpConnection&, std::size_t) override { pump(); }
+    void on_remote_close(TcpConnection&) override { remote_closed = true; }
+    void on_error(TcpConnection&, TcpError e) override { error = stack::to_string(e); }
+};
+
+}  // namespace
+
+std::pair<PeerConfig, PeerConfig> memif_pair(std::uint16_t mtu) {
+    PeerConfig s, c;
+    s.port.backend = c.port.backend = io::Backend::memif;
+    s.port.memif_socket = c.port.memif_socket = "/run/" + unique_name("softrdma-test-") + ".sock";
+    s.port.memif_server = true;
+    c.port.memif_server = false;
+    s.port.mtu = c.port.mtu = mtu;
+    s.eal.lcores = "0";
+    c.eal.lcores = "1";
+    s.stack.address = c.peer = stack::Ipv4::parse("198.18.0.1");
+    c.stack.address = s.peer = stack::Ipv4::parse("198.18.0.2");
+    return {s, c};
+}
+
+int stream_server(const PeerConfig& cfg, std::uint64_t bytes, unsigned connections) {
+    Env env = start(cfg);
+    int rc = 0;
+    {
+        Acceptor acceptor;
+        acceptor.expected = bytes;
+        stack::TcpListener listener(*env.stack, cfg.tcp_port, acceptor);
+        std::optional<std::chrono::steady_clock::time_point> first;
+        auto all_done = [&] {
+            if (!first && !acceptor.sinks.empty()) first = std::chrono::steady_clock::now();
+            if (acceptor.sinks.size() < connections) return false;
+            for (auto& s : acceptor.sinks)
+                if (!s->closed && s->error.empty()) return false;
+            return true;
+        };
+        const bool ok = env.stack->run_until(all_done, 120s);
+        const double secs =
+            first ? std::chrono::duration<double>(std::chrono::steady_clock::now() - *first).count() : 0.0;
+        std::uint64_t total = 0;
+        for (auto& s : acceptor.sinks) {
+            total += s->received;
+            if (!s->error.empty()) {
+                report("stream error: " + s->error);
+                rc = 1;
+            } else if (s->received != bytes) {
+                report("stream short: " + std::to_string(s->received) + " of " + std::to_string(bytes));
+                rc = 1;
+            }
+        }
+        if (!ok) {
+            report("timed out with " + std::to_string(acceptor.sinks.size()) + " connections accepted");
+            rc = 1;
+        }
+        report("rx_bytes=" + std::to_string(total) + " seconds=" + std::to_string(secs) +
+               " MBps=" + std::to_string(secs > 0 ? total / secs / 1e6 : 0.0));
+        env.stack->run_until([&] { return env.stack->active_pcbs() == 0; }, 10s);
+        for (auto& s : acceptor.sinks) s->conn.reset();
+    }
+    return finish(env, rc);
+}
+
+int stream_client(const PeerConfig& cfg, std::uint64_t bytes, unsigned connections) {
+    Env env = start(cfg);
+    int rc = 0;
+    {
+        std::vector<std::unique_ptr<StreamSource>> sources;
+        for (unsigned i = 0; i < connections; ++i) {
+            auto s = std::make_unique<StreamSource>();
+            s->seed = 1000 + i;
+            s->total = bytes;
+            s->conn = stack::connect(*env.stack, cfg.peer, cfg.tcp_port, *s, 10s);
+            sources.push_back(std::move(s));
+        }
+        auto done = [&] {
+            bool all = true;
+            for (auto& s : sources) {
+                s->pump();  // writers held back by a full heap try again each turn
+                all = all && (!s->error.empty() || s->fin_sent);  // after FIN lwIP finishes the close
+            }
+            return all;
+        };
+        const bool ok = env.stack->run_until(done, 120s);
+        for (auto& s : sources)
+            if (!s->error.empty()) {
+                report("client stream error: " + s->error);
+                rc = 1;
+            }
+        if (!ok) {
+            report("client timed out");
+            rc = 1;
+        }
+        sources.clear();
+    }
+    return finish(env, rc);
+}
+
+int idle_peer(const PeerConfig& cfg, unsigned seconds) {
+    Env env = start(cfg);
+    unsigned turns = 0;
+    env.stack->run_until([&] { return (++turns & 1023) == 0 && !env.port->link_up(); },
+                         std::chrono::seconds(seconds));
+    return finish(env, 0);
+}
+
+int refused_client(const PeerConfig& cfg) {
+    Env env = start(cfg);
+    int rc = 1;
+    {
+        StreamSource s;
+        s.conn = stack::connect(*env.stack, cfg.peer, cfg.tcp_port, s, 5s);
+        env.stack->run_until([&] { return !s.error.empty() || s.connected; }, 10s);
+        report("connect result: " + (s.error.empty() ? std::string(s.connected ? "connected" : "nothing") : s.error));
+        if (s.error == stack::to_string(TcpError::refused)) rc = 0;
+    }
+    return finish(env, rc);
+}
+
+int aborting_server(const PeerConfig& cfg) {
+    Env env = start(cfg);
+    struct AbortOnData : TcpConnection::Handler {
+        bool aborted = false;
+        void on_receive(TcpConnection& c, RecvBuffer) override {
+            c.abort();
+            aborted = true;
+        }
+    } handler;
+    struct Keep : stack::TcpListener::Handler {
+        TcpConnection::Handler* h = nullptr;
+        std::unique_ptr<TcpConnection> conn;
+        void on_accept(std::unique_ptr<TcpConnection> c) override {
+            c->set_handler(h);
+            conn = std::move(c);
+        }
+    } keep;
+    keep.h = &handler;
+    int rc;
+    {
+        stack::TcpListener listener(*env.stack, cfg.tcp_port, keep);
+        rc = env.stack->run_until([&] { return handler.aborted; }, 20s) ? 0 : 1;
+        report(rc == 0 ? "aborted the connection" : "no connection to abort");
+        keep.conn.reset();
+    }
+    return finish(env, rc);
+}
+
+int reset_expecting_client(const PeerConfig& cfg) {
+    Env env = start(cfg);
+    int rc = 1;
+    {
+        StreamSource s;
+        s.total = 1ull << 30;  // keeps sending until the reset comes
+        s.conn = stack::connect(*env.stack, cfg.peer, cfg.tcp_port, s, 5s);
+        env.stack->run_until([&] { return !s.error.empty(); }, 20s);
+        report("client saw: " + (s.error.empty() ? std::string("no error") : s.error));
+        if (s.error == stack::to_string(TcpError::reset)) rc = 0;
+    }
+    return finish(env, rc);
+}
+
+}  // namespace softrdma::test

@@ -1,0 +1,40 @@
+// SPDX-License-Identifier: MIT
+// Test roles for two-process TCP tests: each runs in its own child process (its own EAL, port and lwIP),
+// does its part, then checks that lwIP's pools and DPDK's mempool are back to their starting counts.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "io/port.hpp"
+#include "stack/stack.hpp"
+
+namespace softrdma::test {
+
+struct PeerConfig {
+    io::PortConfig port;
+    io::EalConfig eal;
+    std::string netns;          // enter this network namespace before starting DPDK ("" = stay)
+    stack::StackConfig stack;
+    stack::Ipv4 peer;           // the other end's address
+    std::uint16_t tcp_port = 5000;
+};
+
+// Two memif peers on a fresh socket: [0] server on core 0, [1] client on core 1.
+std::pair<PeerConfig, PeerConfig> memif_pair(std::uint16_t mtu = 1500);
+
+// Listens on cfg.tcp_port, accepts `connections` streams of `bytes` each (after an 8-byte seed header),
+// verifies every byte, closes each after the peer's FIN. Reports "rx_bytes=N seconds=S MBps=M".
+int stream_server(const PeerConfig& cfg, std::uint64_t bytes, unsigned connections);
+// Opens `connections` connections to cfg.peer:cfg.tcp_port, sends the streams, closes.
+int stream_client(const PeerConfig& cfg, std::uint64_t bytes, unsigned connections);
+// Runs a stack with no listener until the peer leaves (link down) or `seconds` pass.
+int idle_peer(const PeerConfig& cfg, unsigned seconds);
+// Connects to a port nobody listens on; succeeds if the error reported is "refused".
+int refused_client(const PeerConfig& cfg);
+// Accepts one connection and aborts it (RST) when the first data arrives.
+int aborting_server(const PeerConfig& cfg);
+// Connects, sends data until the connection is reset; succeeds if the error reported is "reset".
+int reset_expecting_client(const PeerConfig& cfg);
+
+}  // namespace softrdma::test
