@@ -1,0 +1,798 @@
+// SPDX-License-Identifier: MIT
+// rdmap::Endpoint on bytes: two endpoints back-to-back through the real MPA FpduTx and Deframer doing every
+// operation, and forged peer input producing the exact TERMINATE bytes.
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <vector>
+
+#include "harness.hpp"
+#include "mpa/errors.hpp"
+
+using namespace softrdma;
+using namespace softrdma::rdmap;
+using namespace softrdma::test;
+
+namespace {
+
+std::vector<std::byte> untagged(Opcode op, bool last, std::uint32_t qn, std::uint32_t msn, std::uint32_t mo,
+                                std::uint32_t rsvd = 0) {
+    const OpInfo& i = op_info(op);
+    std::vector<std::byte> h(i.hdr_len);
+    ddp::UntaggedHeader{ddp::ctrl_with_last(i.ctrl, last), rsvd, qn, msn, mo}.encode(h);
+    return h;
+}
+std::vector<std::byte> tagged(Opcode op, bool last, std::uint32_t stag, std::uint64_t to) {
+    const OpInfo& i = op_info(op);
+    std::vector<std::byte> h(i.hdr_len);
+    ddp::TaggedHeader{ddp::ctrl_with_last(i.ctrl, last), stag, to}.encode(h);
+    return h;
+}
+std::vector<std::byte> read_request(std::uint32_t msn, const ReadRequest& rr) {
+    std::vector<std::byte> h = untagged(Opcode::read_request, true, kQnReadRequest, msn, 0);
+    rr.encode(h);
+    return h;
+}
+std::vector<std::byte> atomic_request(std::uint32_t msn, const AtomicRequest& a) {
+    std::vector<std::byte> h = untagged(Opcode::atomic_request, true, kQnReadRequest, msn, 0);
+    a.encode(h);
+    return h;
+}
+
+WorkRequest send_wr(std::uint64_t id, std::span<const std::byte> a, std::span<const std::byte> b = {}) {
+    WorkRequest w;
+    w.wr_id = id;
+    w.op = WrOp::send;
+    w.sgl[0] = a;
+    w.num_sge = 1;
+    if (!b.empty()) {
+        w.sgl[1] = b;
+        w.num_sge = 2;
+    }
+    return w;
+}
+
+// The one FPDU `s` sends now must be a TERMINATE with exactly these fields and attached bytes.
+void expect_terminate(Side& s, TermCode code, bool m, bool d, bool r, std::span<const std::byte> hdr = {},
+                      std::size_t seg_len = 0) {
+    const std::vector<std::byte> wire = s.drain();  // first: a failure may also surface while sending
+    CHECK(s.ep.state() == State::error);
+    CHECK(s.ep.error() == code);
+    REQUIRE(s.upper.terminates.size() == 1);
+    CHECK_FALSE(s.upper.terminates[0].received);
+    CHECK(s.upper.terminates[0].code == code);
+    const std::vector<Fpdu> f = split_fpdus(wire);
+    REQUIRE(f.size() == 1);
+    CHECK(f[0].wire == wire.size());
+    const std::vector<std::byte>& u = f[0].ulpdu;
+    REQUIRE(u.size() >= kTerminateLen);
+    CHECK(ddp::load_be16(u, 0) == 0x4147);
+    CHECK(ddp::load_be32(u, 2) == 0);             // reserved
+    CHECK(ddp::load_be32(u, 6) == kQnTerminate);  // QN 2
+    CHECK(ddp::load_be32(u, 10) == 1);            // MSN 1
+    CHECK(ddp::load_be32(u, 14) == 0);            // MO 0
+    const TerminateHeader th = TerminateHeader::decode(u);
+    CHECK(th.code == code);
+    CHECK(th.m == m);
+    CHECK(th.d == d);
+    CHECK(th.r == r);
+    CHECK((ddp::load_be32(u, 18) & 0x1FFF) == 0);
+    if (hdr.empty()) {
+        CHECK(u.size() == kTerminateLen);
+    } else {
+        REQUIRE(u.size() == kTerminateLen + 2 + hdr.size());
+        CHECK(ddp::load_be16(u, kTerminateLen) == seg_len);
+        CHECK(std::memcmp(u.data() + kTerminateLen + 2, hdr.data(), hdr.size()) == 0);
+        CHECK(s.upper.term_attached[0].size() == 2 + hdr.size());
+    }
+    CHECK(s.drain().empty());  // exactly one TERMINATE, then silence
+}
+
+SideConfig small_mss() {
+    SideConfig c;
+    c.emss = 128;  // MULPDU 122: SEND payload 104 per FPDU, WRITE/READ response 108
+    return c;
+}
+
+}  // namespace
+
+// ==== back-to-back operations ===============================================================================
+
+TEST_CASE("SEND/RECV: gathered SGEs, segmented at MULPDU, stream cut anywhere", "[rdmap]") {
+    Side a(small_mss()), b(small_mss());
+    b.upper.post_recv(1000);
+    b.upper.recv_chunk = 50;  // receive buffer handed out as 50-byte SGEs
+    const auto p1 = bytes_of(120, 1), p2 = bytes_of(180, 2);
+    REQUIRE(a.ep.post(send_wr(7, p1, p2)) == PostStatus::ok);
+
+    const std::vector<std::byte> wire = a.drain();
+    const std::vector<Fpdu> f = split_fpdus(wire);
+    REQUIRE(f.size() == 3);  // 300 bytes, 104 per segment
+    for (std::size_t i = 0; i < 3; ++i) {
+        const auto h = ddp::UntaggedHeader::decode(f[i].ulpdu);
+        REQUIRE(h);
+        CHECK(h->qn == 0);
+        CHECK(h->msn == 1);
+        CHECK(h->mo == 104 * i);
+        CHECK(h->last() == (i == 2));
+        CHECK(f[i].ulpdu.size() <= a.tx.mulpdu());
+    }
+    REQUIRE(a.upper.completions.size() == 1);
+    CHECK(a.upper.completions[0].kind == WcKind::send);
+    CHECK(a.upper.completions[0].wr_id == 7);
+
+    CHECK_FALSE(b.feed(wire, 7));
+    REQUIRE(b.upper.completions.size() == 1);
+    const Completion& c = b.upper.completions[0];
+    CHECK(c.kind == WcKind::recv);
+    CHECK(c.msn == 1);
+    CHECK(c.byte_len == 300);
+    CHECK_FALSE(c.solicited);
+    CHECK_FALSE(c.has_imm);
+    const std::vector<std::byte>& got = b.upper.bound[1];
+    CHECK(std::equal(p1.begin(), p1.end(), got.begin()));
+    CHECK(std::equal(p2.begin(), p2.end(), got.begin() + 120));
+    CHECK(got[300] == std::byte{0xEE});  // nothing past the message
+}
+
+TEST_CASE("SEND: zero-length, solicited, MSN per message", "[rdmap]") {
+    Side a, b;
+    for (int i = 0; i < 3; ++i) b.upper.post_recv(64);
+    const auto p = bytes_of(10, 3);
+    WorkRequest z;
+    z.wr_id = 1;
+    REQUIRE(a.ep.post(z) == PostStatus::ok);
+    WorkRequest se = send_wr(2, p);
+    se.solicited = true;
+    REQUIRE(a.ep.post(se) == PostStatus::ok);
+    REQUIRE(a.ep.post(send_wr(3, p)) == PostStatus::ok);
+    const std::vector<std::byte> wire = a.drain();
+    const std::vector<Fpdu> f = split_fpdus(wire);
+    REQUIRE(f.size() == 3);
+    CHECK(ddp::load_be16(f[0].ulpdu, 0) == 0x4143);
+    CHECK(f[0].ulpdu.size() == 18);
+    CHECK(ddp::load_be16(f[1].ulpdu, 0) == 0x4145);
+    CHECK(ddp::UntaggedHeader::decode(f[2].ulpdu)->msn == 3);
+    b.feed(wire, 1);
+    REQUIRE(b.upper.completions.size() == 3);
+    CHECK(b.upper.completions[0].byte_len == 0);
+    CHECK(b.upper.completions[1].solicited);
+    CHECK(b.upper.completions[2].msn == 3);
+    CHECK(b.upper.completions[2].byte_len == 10);
+}
+
+TEST_CASE("WRITE: tagged placement into a region handed out in pieces", "[rdmap]") {
+    Side a(small_mss()), b(small_mss());
+    b.upper.add_region(0x100, 1000, bit(Access::remote_write)).chunk = 64;
+    const auto p = bytes_of(500, 4);
+    WorkRequest w = send_wr(9, p);
+    w.op = WrOp::write;
+    w.remote_stag = 0x100;
+    w.remote_to = 100;
+    REQUIRE(a.ep.post(w) == PostStatus::ok);
+    const std::vector<std::byte> wire = a.drain();
+    const std::vector<Fpdu> f = split_fpdus(wire);
+    REQUIRE(f.size() == 5);  // 108 per segment
+    CHECK(ddp::TaggedHeader::decode(f[1].ulpdu)->to == 208);
+    CHECK(ddp::load_be16(f[4].ulpdu, 0) == 0xC140);
+    CHECK(ddp::load_be16(f[0].ulpdu, 0) == 0x8140);
+    b.feed(wire, 13);
+    CHECK(b.upper.completions.empty());  // a WRITE completes nothing at the sink
+    const auto& mem = b.upper.regions[0x100].mem;
+    CHECK(std::equal(p.begin(), p.end(), mem.begin() + 100));
+    CHECK(mem[99] == std::byte{0});
+    CHECK(mem[600] == std::byte{0});
+    REQUIRE(a.upper.completions.size() == 1);
+    CHECK(a.upper.completions[0].kind == WcKind::write);
+}
+
+TEST_CASE("READ: request, segmented response matched to the request, completion", "[rdmap]") {
+    Side a(small_mss()), b(small_mss());
+    a.upper.add_region(0x200, 1000, bit(Access::local_write));
+    Region& src = b.upper.add_region(0x300, 2000, bit(Access::remote_read));
+    src.mem = bytes_of(2000, 5);
+    src.chunk = 40;  // source comes back in pieces
+    WorkRequest r;
+    r.wr_id = 11;
+    r.op = WrOp::read;
+    r.local_stag = 0x200;
+    r.local_to = 50;
+    r.remote_stag = 0x300;
+    r.remote_to = 1000;
+    r.read_len = 700;
+    REQUIRE(a.ep.post(r) == PostStatus::ok);
+    const std::vector<std::byte> req = a.drain();
+    const std::vector<Fpdu> f = split_fpdus(req);
+    REQUIRE(f.size() == 1);
+    REQUIRE(f[0].ulpdu.size() == 46);
+    CHECK(ReadRequest::decode(f[0].ulpdu) == ReadRequest{0x200, 50, 700, 0x300, 1000});
+    CHECK(a.ep.orq_outstanding() == 1);
+    b.feed(req, 5);
+    CHECK(b.ep.irq_outstanding() == 1);
+    const std::vector<std::byte> resp = b.drain();
+    const std::vector<Fpdu> g = split_fpdus(resp);
+    REQUIRE(g.size() == 7);  // 108 per segment
+    for (const Fpdu& x : g) CHECK(ddp::TaggedHeader::decode(x.ulpdu)->stag == 0x200);
+    a.feed(resp, 3);
+    REQUIRE(a.upper.completions.size() == 1);
+    CHECK(a.upper.completions[0].kind == WcKind::read);
+    CHECK(a.upper.completions[0].wr_id == 11);
+    CHECK(a.upper.completions[0].byte_len == 700);
+    CHECK(std::equal(src.mem.begin() + 1000, src.mem.begin() + 1700, a.upper.regions[0x200].mem.begin() + 50));
+    CHECK(a.ep.orq_outstanding() == 0);
+    CHECK(b.ep.irq_outstanding() == 0);
+}
+
+TEST_CASE("READ: zero-length (RTR style, STag 1 unregistered) and ORD credits", "[rdmap]") {
+    SideConfig c;
+    c.ep.ord = 1;
+    Side a(c), b;
+    WorkRequest r;
+    r.op = WrOp::read;
+    r.local_stag = 1;
+    r.remote_stag = 1;
+    r.wr_id = 1;
+    REQUIRE(a.ep.post(r) == PostStatus::ok);
+    r.wr_id = 2;
+    REQUIRE(a.ep.post(r) == PostStatus::ok);
+    const std::vector<std::byte> first = a.drain();
+    CHECK(split_fpdus(first).size() == 1);  // ORD 1: the second READ waits
+    CHECK_FALSE(a.ep.tx_ready());
+    b.feed(first);
+    a.feed(b.drain());
+    REQUIRE(a.upper.completions.size() == 1);
+    CHECK(a.upper.completions[0].byte_len == 0);
+    CHECK(a.ep.tx_ready());
+    pump(a, b);
+    REQUIRE(a.upper.completions.size() == 2);
+    CHECK(a.upper.completions[1].wr_id == 2);
+    CHECK(a.ep.state() == State::operational);
+    CHECK(b.ep.state() == State::operational);
+}
+
+TEST_CASE("WRITE with immediate data: WRITE then Immediate Data consuming a receive", "[rdmap]") {
+    Side a, b;
+    b.upper.add_region(0x100, 64, bit(Access::remote_write));
+    b.upper.post_recv(16);
+    const auto p = bytes_of(32, 6);
+    WorkRequest w = send_wr(21, p);
+    w.op = WrOp::write;
+    w.remote_stag = 0x100;
+    w.with_imm = true;
+    w.imm = 0x1122334455667788ULL;
+    REQUIRE(a.ep.post(w) == PostStatus::ok);
+    const std::vector<std::byte> wire = a.drain();
+    const std::vector<Fpdu> f = split_fpdus(wire);
+    REQUIRE(f.size() == 2);
+    CHECK(ddp::load_be16(f[1].ulpdu, 0) == 0x4148);
+    REQUIRE(f[1].ulpdu.size() == 26);
+    CHECK(decode_imm(f[1].ulpdu) == 0x1122334455667788ULL);
+    CHECK(ddp::UntaggedHeader::decode(f[1].ulpdu)->qn == 0);
+    b.feed(wire, 3);
+    REQUIRE(b.upper.completions.size() == 1);
+    CHECK(b.upper.completions[0].has_imm);
+    CHECK(b.upper.completions[0].imm == 0x1122334455667788ULL);
+    CHECK(b.upper.completions[0].byte_len == 0);
+    CHECK(std::equal(p.begin(), p.end(), b.upper.regions[0x100].mem.begin()));
+    REQUIRE(a.upper.completions.size() == 1);
+    CHECK(a.upper.completions[0].kind == WcKind::write);
+}
+
+TEST_CASE("SEND with immediate data and solicited event", "[rdmap]") {
+    Side a, b;
+    b.upper.post_recv(16);
+    b.upper.post_recv(16);
+    const auto p = bytes_of(5, 7);
+    WorkRequest s = send_wr(22, p);
+    s.with_imm = true;
+    s.imm = 42;
+    s.solicited = true;
+    REQUIRE(a.ep.post(s) == PostStatus::ok);
+    const std::vector<Fpdu> f = split_fpdus(a.drain());
+    REQUIRE(f.size() == 2);
+    CHECK(ddp::load_be16(f[0].ulpdu, 0) == 0x4143);  // SE rides on the Immediate Data message
+    CHECK(ddp::load_be16(f[1].ulpdu, 0) == 0x4149);
+    CHECK(ddp::UntaggedHeader::decode(f[1].ulpdu)->msn == 2);
+    pump(a, b);  // nothing left; replay by rebuilding
+    Side a2, b2;
+    b2.upper.post_recv(16);
+    b2.upper.post_recv(16);
+    REQUIRE(a2.ep.post(s) == PostStatus::ok);
+    pump(a2, b2, 2);
+    REQUIRE(b2.upper.completions.size() == 2);
+    CHECK(b2.upper.completions[0].byte_len == 5);
+    CHECK_FALSE(b2.upper.completions[0].solicited);
+    CHECK(b2.upper.completions[1].has_imm);
+    CHECK(b2.upper.completions[1].imm == 42);
+    CHECK(b2.upper.completions[1].solicited);
+}
+
+TEST_CASE("atomics: fetch-add and compare-swap on an aligned target", "[rdmap]") {
+    Side a, b;
+    Region& t = b.upper.add_region(0x400, 64, bit(Access::remote_atomic));
+    std::uint64_t v = 100;
+    std::memcpy(t.mem.data() + 8, &v, 8);
+    WorkRequest fa;
+    fa.wr_id = 31;
+    fa.op = WrOp::fetch_add;
+    fa.remote_stag = 0x400;
+    fa.remote_to = 8;
+    fa.swap_add = 5;
+    REQUIRE(a.ep.post(fa) == PostStatus::ok);
+    const std::vector<Fpdu> f = split_fpdus(a.drain());
+    REQUIRE(f.size() == 1);
+    REQUIRE(f[0].ulpdu.size() == 70);
+    CHECK(ddp::load_be16(f[0].ulpdu, 0) == 0x414A);
+    CHECK(ddp::UntaggedHeader::decode(f[0].ulpdu)->qn == 1);
+    const AtomicRequest ar = AtomicRequest::decode(f[0].ulpdu);
+    CHECK(ar.op == 0);
+    CHECK(ar.to == 8);
+    CHECK(ar.add_swap == 5);
+    CHECK(ar.add_swap_mask == 0);
+
+    Side a2, b2;
+    Region& t2 = b2.upper.add_region(0x400, 64, bit(Access::remote_atomic));
+    std::memcpy(t2.mem.data() + 8, &v, 8);
+    REQUIRE(a2.ep.post(fa) == PostStatus::ok);
+    WorkRequest cs;
+    cs.wr_id = 32;
+    cs.op = WrOp::cmp_swap;
+    cs.remote_stag = 0x400;
+    cs.remote_to = 8;
+    cs.compare = 105;
+    cs.swap_add = 7;
+    REQUIRE(a2.ep.post(cs) == PostStatus::ok);
+    cs.wr_id = 33;
+    cs.compare = 1;  // fails: value stays 7
+    cs.swap_add = 9;
+    REQUIRE(a2.ep.post(cs) == PostStatus::ok);
+    pump(a2, b2, 5);
+    REQUIRE(a2.upper.completions.size() == 3);
+    CHECK(a2.upper.completions[0].kind == WcKind::atomic);
+    CHECK(a2.upper.completions[0].atomic_original == 100);
+    CHECK(a2.upper.completions[1].atomic_original == 105);
+    CHECK(a2.upper.completions[2].wr_id == 33);
+    CHECK(a2.upper.completions[2].atomic_original == 7);
+    std::memcpy(&v, t2.mem.data() + 8, 8);
+    CHECK(v == 7);
+    CHECK(a2.ep.state() == State::operational);
+    CHECK(b2.ep.state() == State::operational);
+}
+
+TEST_CASE("READ and atomic responses come back in request order", "[rdmap]") {
+    Side a, b;
+    a.upper.add_region(0x200, 64, bit(Access::local_write));
+    b.upper.add_region(0x300, 64, bit(Access::remote_read)).mem = bytes_of(64, 9);
+    b.upper.add_region(0x400, 8, bit(Access::remote_atomic));
+    WorkRequest r;
+    r.op = WrOp::read;
+    r.wr_id = 1;
+    r.local_stag = 0x200;
+    r.remote_stag = 0x300;
+    r.read_len = 64;
+    WorkRequest fa;
+    fa.op = WrOp::fetch_add;
+    fa.wr_id = 2;
+    fa.remote_stag = 0x400;
+    fa.swap_add = 1;
+    REQUIRE(a.ep.post(r) == PostStatus::ok);
+    REQUIRE(a.ep.post(fa) == PostStatus::ok);
+    r.wr_id = 3;
+    REQUIRE(a.ep.post(r) == PostStatus::ok);
+    pump(a, b, 11);
+    REQUIRE(a.upper.completions.size() == 3);
+    CHECK(a.upper.completions[0].wr_id == 1);
+    CHECK(a.upper.completions[1].wr_id == 2);
+    CHECK(a.upper.completions[2].wr_id == 3);
+}
+
+TEST_CASE("SEND with invalidate", "[rdmap]") {
+    Side a, b;
+    b.upper.add_region(0x500, 16);
+    b.upper.post_recv(16);
+    const auto p = bytes_of(4, 8);
+    WorkRequest s = send_wr(41, p);
+    s.with_inv = true;
+    s.inv_stag = 0x500;
+    REQUIRE(a.ep.post(s) == PostStatus::ok);
+    const std::vector<std::byte> wire = a.drain();
+    const std::vector<Fpdu> f = split_fpdus(wire);
+    REQUIRE(f.size() == 1);
+    CHECK(ddp::load_be16(f[0].ulpdu, 0) == 0x4144);
+    CHECK(ddp::UntaggedHeader::decode(f[0].ulpdu)->rsvd_ulp == 0x500);
+    b.feed(wire);
+    REQUIRE(b.upper.completions.size() == 1);
+    CHECK(b.upper.completions[0].has_inv);
+    CHECK(b.upper.completions[0].inv_stag == 0x500);
+    CHECK(b.upper.invalidated == std::vector<std::uint32_t>{0x500});
+}
+
+TEST_CASE("post: bad work requests and a full queue", "[rdmap]") {
+    SideConfig c;
+    c.ep.sq_depth = 2;
+    Side a(c);
+    WorkRequest w;
+    w.num_sge = kMaxSge + 1;
+    CHECK(a.ep.post(w) == PostStatus::bad_wr);
+    WorkRequest fa;
+    fa.op = WrOp::fetch_add;
+    fa.remote_to = 4;  // atomics need 8-byte alignment
+    CHECK(a.ep.post(fa) == PostStatus::bad_wr);
+    CHECK(a.ep.post(WorkRequest{}) == PostStatus::ok);
+    CHECK(a.ep.post(WorkRequest{}) == PostStatus::ok);
+    CHECK(a.ep.post(WorkRequest{}) == PostStatus::queue_full);
+}
+
+TEST_CASE("output buffer too small for the next FPDU: nothing written, resumes later", "[rdmap]") {
+    Side a(small_mss()), b(small_mss());
+    b.upper.post_recv(400);
+    const auto p = bytes_of(300, 1);
+    REQUIRE(a.ep.post(send_wr(1, p)) == PostStatus::ok);
+    std::vector<std::byte> tiny(60);
+    CHECK(a.ep.pull_tx(tiny) == 0);
+    std::vector<std::byte> one(a.tx.wire_size(122));
+    const std::size_t n = a.ep.pull_tx(one);
+    CHECK(n == one.size());
+    b.feed(std::span<const std::byte>(one).first(n));
+    b.feed(a.drain());
+    REQUIRE(b.upper.completions.size() == 1);
+    CHECK(b.upper.completions[0].byte_len == 300);
+}
+
+// ==== forged peer input -> exact TERMINATE ===================================================================
+
+TEST_CASE("TERMINATE: unknown opcode, bad versions (no header attached)", "[rdmap][terminate]") {
+    SECTION("reserved opcode 12") {
+        Side b;
+        std::vector<std::byte> h = untagged(Opcode::send, true, 0, 1, 0);
+        ddp::store_be16(h, 0, 0x414C);
+        CHECK(b.feed(make_fpdu(h)) == err::o_opcode);
+        expect_terminate(b, err::o_opcode, false, false, false);
+    }
+    SECTION("tagged flag on an untagged opcode") {
+        Side b;
+        std::vector<std::byte> h = untagged(Opcode::send, true, 0, 1, 0);
+        ddp::store_be16(h, 0, 0xC143);
+        b.feed(make_fpdu(h));
+        expect_terminate(b, err::o_opcode, false, false, false);
+    }
+    SECTION("DDP version 2, untagged") {
+        Side b;
+        std::vector<std::byte> h = untagged(Opcode::send, true, 0, 1, 0);
+        ddp::store_be16(h, 0, 0x4243);
+        b.feed(make_fpdu(h));
+        expect_terminate(b, ddp::err::u_version, false, false, false);
+    }
+    SECTION("DDP version 0, tagged") {
+        Side b;
+        std::vector<std::byte> h = tagged(Opcode::write, true, 1, 0);
+        ddp::store_be16(h, 0, 0xC040);
+        b.feed(make_fpdu(h));
+        expect_terminate(b, ddp::err::t_version, false, false, false);
+    }
+    SECTION("RDMAP version 2") {
+        Side b;
+        std::vector<std::byte> h = untagged(Opcode::send, true, 0, 1, 0);
+        ddp::store_be16(h, 0, 0x4183);
+        b.feed(make_fpdu(h));
+        expect_terminate(b, err::o_version, false, false, false);
+    }
+}
+
+TEST_CASE("TERMINATE: untagged QN / MSN / MO / buffer errors attach the DDP header", "[rdmap][terminate]") {
+    const auto payload = bytes_of(20, 1);
+    SECTION("SEND on QN 1") {
+        Side b;
+        b.upper.post_recv(64);
+        const auto h = untagged(Opcode::send, true, 1, 1, 0);
+        b.feed(make_fpdu(h, payload));
+        expect_terminate(b, ddp::err::u_invalid_qn, true, true, false, h, 38);
+    }
+    SECTION("SEND on QN 7") {
+        Side b;
+        const auto h = untagged(Opcode::send, true, 7, 1, 0);
+        b.feed(make_fpdu(h, payload));
+        expect_terminate(b, ddp::err::u_invalid_qn, true, true, false, h, 38);
+    }
+    SECTION("first SEND with MSN 2") {
+        Side b;
+        b.upper.post_recv(64);
+        const auto h = untagged(Opcode::send, true, 0, 2, 0);
+        b.feed(make_fpdu(h, payload));
+        expect_terminate(b, ddp::err::u_msn_range, true, true, false, h, 38);
+    }
+    SECTION("SEND with MO 4") {
+        Side b;
+        b.upper.post_recv(64);
+        const auto h = untagged(Opcode::send, true, 0, 1, 4);
+        b.feed(make_fpdu(h, payload));
+        expect_terminate(b, ddp::err::u_invalid_mo, true, true, false, h, 38);
+    }
+    SECTION("second segment skips ahead") {
+        Side b;
+        b.upper.post_recv(64);
+        b.feed(make_fpdu(untagged(Opcode::send, false, 0, 1, 0), payload));
+        const auto h = untagged(Opcode::send, true, 0, 1, 30);
+        b.feed(make_fpdu(h, payload));
+        expect_terminate(b, ddp::err::u_invalid_mo, true, true, false, h, 38);
+    }
+    SECTION("segment of another opcode inside a SEND") {
+        Side b;
+        b.upper.post_recv(64);
+        b.feed(make_fpdu(untagged(Opcode::send, false, 0, 1, 0), payload));
+        const auto h = untagged(Opcode::send_se, true, 0, 1, 20);
+        b.feed(make_fpdu(h, payload));
+        expect_terminate(b, err::o_opcode, false, false, false);
+    }
+    SECTION("SEND with no receive posted (no RNR retry in iWARP)") {
+        Side b;
+        const auto h = untagged(Opcode::send, true, 0, 1, 0);
+        b.feed(make_fpdu(h, payload));
+        expect_terminate(b, ddp::err::u_no_buffer, true, true, false, h, 38);
+    }
+    SECTION("SEND longer than the receive buffer") {
+        Side b;
+        b.upper.post_recv(8);
+        const auto h = untagged(Opcode::send, true, 0, 1, 0);
+        b.feed(make_fpdu(h, payload));
+        expect_terminate(b, ddp::err::u_too_long, true, true, false, h, 38);
+        CHECK(b.upper.bound[1].size() == 8);  // filled, not overrun (ASan watches)
+    }
+    SECTION("READ request carrying payload") {
+        Side b;
+        const auto h = read_request(1, ReadRequest{1, 0, 0, 1, 0});
+        b.feed(make_fpdu(h, payload));
+        expect_terminate(b, ddp::err::u_too_long, true, true, false, std::span<const std::byte>(h).first(18), 66);
+    }
+}
+
+TEST_CASE("TERMINATE: tagged placement errors", "[rdmap][terminate]") {
+    const auto payload = bytes_of(16, 2);
+    SECTION("invalid STag") {
+        Side b;
+        const auto h = tagged(Opcode::write, true, 0x999, 0);
+        b.feed(make_fpdu(h, payload));
+        expect_terminate(b, ddp::err::t_invalid_stag, true, true, false, h, 30);
+    }
+    SECTION("out of bounds") {
+        Side b;
+        b.upper.add_region(0x100, 20, bit(Access::remote_write));
+        const auto h = tagged(Opcode::write, true, 0x100, 8);
+        b.feed(make_fpdu(h, payload));
+        expect_terminate(b, ddp::err::t_base_bounds, true, true, false, h, 30);
+        CHECK(b.upper.regions[0x100].mem[8] == std::byte{0});  // nothing placed
+    }
+    SECTION("no remote-write right: RDMAP access violation, RDMAP header too") {
+        Side b;
+        b.upper.add_region(0x100, 64, bit(Access::remote_read));
+        const auto h = tagged(Opcode::write, true, 0x100, 0);
+        b.feed(make_fpdu(h, payload));
+        expect_terminate(b, err::p_access, true, true, true, h, 30);
+    }
+    SECTION("STag of another protection domain") {
+        Side b;
+        b.upper.add_region(0x100, 64).other_pd = true;
+        const auto h = tagged(Opcode::write, true, 0x100, 0);
+        b.feed(make_fpdu(h, payload));
+        expect_terminate(b, ddp::err::t_stag_not_assoc, true, true, false, h, 30);
+    }
+    SECTION("TO wrap") {
+        Side b;
+        const auto h = tagged(Opcode::write, true, 0x100, ~std::uint64_t{0} - 3);
+        b.feed(make_fpdu(h, payload));
+        expect_terminate(b, ddp::err::t_to_wrap, true, true, false, h, 30);
+    }
+    SECTION("WRITE continuation jumps") {
+        Side b;
+        b.upper.add_region(0x100, 64);
+        b.feed(make_fpdu(tagged(Opcode::write, false, 0x100, 0), payload));
+        const auto h = tagged(Opcode::write, true, 0x100, 32);
+        b.feed(make_fpdu(h, payload));
+        expect_terminate(b, ddp::err::t_base_bounds, true, true, false, h, 30);
+    }
+}
+
+TEST_CASE("TERMINATE: READ request checks", "[rdmap][terminate]") {
+    SECTION("more READs than our IRD") {
+        SideConfig c;
+        c.ep.ird = 1;
+        Side b(c);
+        b.upper.add_region(0x300, 64, bit(Access::remote_read));
+        CHECK_FALSE(b.feed(make_fpdu(read_request(1, ReadRequest{1, 0, 8, 0x300, 0}))));
+        const auto h = read_request(2, ReadRequest{1, 0, 8, 0x300, 0});
+        CHECK(b.feed(make_fpdu(h)) == err::o_catastrophic_stream);
+        expect_terminate(b, err::o_catastrophic_stream, true, true, false, std::span<const std::byte>(h).first(18), 46);
+    }
+    SECTION("source STag invalid: RDMAP remote protection, whole READ request attached") {
+        Side b;
+        const auto h = read_request(1, ReadRequest{1, 0, 8, 0x301, 0});
+        b.feed(make_fpdu(h));
+        expect_terminate(b, err::p_invalid_stag, true, true, true, h, 46);
+    }
+    SECTION("source without remote-read right") {
+        Side b;
+        b.upper.add_region(0x300, 64, bit(Access::remote_write));
+        const auto h = read_request(1, ReadRequest{1, 0, 8, 0x300, 0});
+        b.feed(make_fpdu(h));
+        expect_terminate(b, err::p_access, true, true, true, h, 46);
+    }
+    SECTION("source out of bounds") {
+        Side b;
+        b.upper.add_region(0x300, 64, bit(Access::remote_read));
+        const auto h = read_request(1, ReadRequest{1, 0, 65, 0x300, 0});
+        b.feed(make_fpdu(h));
+        expect_terminate(b, err::p_base_bounds, true, true, true, h, 46);
+    }
+    SECTION("source revoked between request and response") {
+        Side b;
+        b.upper.add_region(0x300, 64, bit(Access::remote_read));
+        const auto h = read_request(1, ReadRequest{1, 0, 8, 0x300, 0});
+        CHECK_FALSE(b.feed(make_fpdu(h)));
+        b.upper.regions.erase(0x300);
+        expect_terminate(b, err::p_invalid_stag, true, true, true, h, 46);
+    }
+    SECTION("READ request with MSN 2 first") {
+        Side b;
+        const auto h = read_request(2, ReadRequest{1, 0, 0, 1, 0});
+        b.feed(make_fpdu(h));
+        expect_terminate(b, ddp::err::u_msn_range, true, true, false, std::span<const std::byte>(h).first(18), 46);
+    }
+}
+
+TEST_CASE("TERMINATE: READ response must match the oldest request exactly", "[rdmap][terminate]") {
+    const auto setup = [](Side& a) {
+        a.upper.add_region(0x200, 100, bit(Access::local_write));
+        WorkRequest r;
+        r.op = WrOp::read;
+        r.wr_id = 5;
+        r.local_stag = 0x200;
+        r.local_to = 10;
+        r.remote_stag = 0x300;
+        r.read_len = 32;
+        REQUIRE(a.ep.post(r) == PostStatus::ok);
+        REQUIRE(split_fpdus(a.drain()).size() == 1);
+    };
+    const auto data = bytes_of(32, 3);
+    SECTION("no READ outstanding") {
+        Side a;
+        a.feed(make_fpdu(tagged(Opcode::read_response, true, 0x200, 10), data));
+        expect_terminate(a, err::o_opcode, false, false, false);
+    }
+    SECTION("wrong sink STag") {
+        Side a;
+        setup(a);
+        const auto h = tagged(Opcode::read_response, true, 0x201, 10);
+        a.feed(make_fpdu(h, data));
+        expect_terminate(a, ddp::err::t_invalid_stag, true, true, false, h, 46);
+        REQUIRE(a.upper.completions.size() == 1);  // the READ is flushed
+        CHECK(a.upper.completions[0].status == WcStatus::flushed);
+        CHECK(a.upper.completions[0].wr_id == 5);
+    }
+    SECTION("wrong sink TO") {
+        Side a;
+        setup(a);
+        const auto h = tagged(Opcode::read_response, true, 0x200, 11);
+        a.feed(make_fpdu(h, data));
+        expect_terminate(a, ddp::err::t_base_bounds, true, true, false, h, 46);
+    }
+    SECTION("longer than the read size") {
+        Side a;
+        setup(a);
+        const auto more = bytes_of(33, 3);
+        const auto h = tagged(Opcode::read_response, true, 0x200, 10);
+        a.feed(make_fpdu(h, more));
+        expect_terminate(a, ddp::err::t_base_bounds, true, true, false, h, 47);
+    }
+    SECTION("last segment short of the read size") {
+        Side a;
+        setup(a);
+        const auto h = tagged(Opcode::read_response, true, 0x200, 10);
+        a.feed(make_fpdu(h, std::span<const std::byte>(data).first(31)));
+        expect_terminate(a, ddp::err::t_base_bounds, true, true, false, h, 45);
+    }
+    SECTION("atomic response where a READ response is due") {
+        Side a;
+        setup(a);
+        std::vector<std::byte> h = untagged(Opcode::atomic_response, true, kQnAtomicResponse, 1, 0);
+        AtomicResponse{1, 0}.encode(h);
+        a.feed(make_fpdu(h));
+        expect_terminate(a, err::o_opcode, false, false, false);
+    }
+}
+
+TEST_CASE("TERMINATE: atomic request checks", "[rdmap][terminate]") {
+    AtomicRequest ar{};
+    ar.op = 0;
+    ar.stag = 0x400;
+    ar.add_swap = 1;
+    SECTION("misaligned target") {
+        Side b;
+        b.upper.add_region(0x400, 64, bit(Access::remote_atomic));
+        ar.to = 4;
+        const auto h = atomic_request(1, ar);
+        b.feed(make_fpdu(h));
+        expect_terminate(b, err::p_base_bounds, true, true, true, h, 70);
+    }
+    SECTION("no remote-atomic right") {
+        Side b;
+        b.upper.add_region(0x400, 64, bit(Access::remote_write));
+        const auto h = atomic_request(1, ar);
+        b.feed(make_fpdu(h));
+        expect_terminate(b, err::p_access, true, true, true, h, 70);
+    }
+    SECTION("unknown atomic operation") {
+        Side b;
+        b.upper.add_region(0x400, 64, bit(Access::remote_atomic));
+        ar.op = 5;
+        b.feed(make_fpdu(atomic_request(1, ar)));
+        expect_terminate(b, err::o_opcode, false, false, false);
+    }
+    SECTION("atomic beyond IRD shares the READ budget") {
+        SideConfig c;
+        c.ep.ird = 1;
+        Side b(c);
+        b.upper.add_region(0x400, 64, bit(Access::remote_atomic));
+        CHECK_FALSE(b.feed(make_fpdu(read_request(1, ReadRequest{1, 0, 0, 1, 0}))));
+        const auto h = atomic_request(2, ar);
+        b.feed(make_fpdu(h));
+        expect_terminate(b, err::o_catastrophic_stream, true, true, false, std::span<const std::byte>(h).first(18), 70);
+    }
+}
+
+TEST_CASE("TERMINATE: MPA errors reach the same choke point", "[rdmap][terminate]") {
+    SECTION("CRC mismatch: placed, not delivered") {
+        Side b;
+        b.upper.post_recv(64);
+        std::vector<std::byte> f = make_fpdu(untagged(Opcode::send, true, 0, 1, 0), bytes_of(8, 1));
+        f.back() ^= std::byte{1};
+        CHECK(b.feed(f) == mpa::kTermCrc);
+        CHECK(b.upper.completions.empty());
+        expect_terminate(b, mpa::kTermCrc, false, false, false);
+    }
+    SECTION("ULPDU shorter than its header") {
+        Side b;
+        const auto h = read_request(1, ReadRequest{});
+        std::vector<std::byte> f = make_fpdu(std::span<const std::byte>(h).first(20));
+        b.feed(f);
+        expect_terminate(b, mpa::kTermBadUlpduLength, false, false, false);
+    }
+}
+
+TEST_CASE("received TERMINATE: reported, posted work flushed, no TERMINATE back", "[rdmap][terminate]") {
+    Side a, b;
+    // a SEND that finds no receive at b: b terminates, a receives it.
+    const auto p = bytes_of(10, 1);
+    REQUIRE(a.ep.post(send_wr(1, p)) == PostStatus::ok);
+    WorkRequest r;
+    r.op = WrOp::read;
+    r.wr_id = 2;
+    r.local_stag = 1;
+    r.remote_stag = 1;
+    REQUIRE(a.ep.post(r) == PostStatus::ok);
+    b.feed(a.drain());
+    CHECK(b.ep.state() == State::error);
+    REQUIRE(b.upper.terminates.size() == 1);
+    const std::vector<std::byte> term = b.drain();
+    CHECK(split_fpdus(term).size() == 1);
+    CHECK(a.feed(term) == ddp::err::u_no_buffer);
+    CHECK(a.ep.state() == State::error);
+    REQUIRE(a.upper.terminates.size() == 1);
+    CHECK(a.upper.terminates[0].received);
+    CHECK(a.upper.terminates[0].code == ddp::err::u_no_buffer);
+    CHECK(a.upper.terminates[0].m);
+    CHECK(a.upper.terminates[0].d);
+    REQUIRE(a.upper.term_attached[0].size() == 2 + 18);
+    CHECK(ddp::load_be16(a.upper.term_attached[0], 0) == 28);  // the offending segment: 18 + 10
+    CHECK(ddp::load_be16(a.upper.term_attached[0], 2) == 0x4143);
+    // The READ that was outstanding is flushed; the SEND had completed.
+    REQUIRE(a.upper.completions.size() == 2);
+    CHECK(a.upper.completions[0].wr_id == 1);
+    CHECK(a.upper.completions[0].status == WcStatus::success);
+    CHECK(a.upper.completions[1].wr_id == 2);
+    CHECK(a.upper.completions[1].status == WcStatus::flushed);
+    CHECK(a.drain().empty());
+    CHECK(a.ep.post(send_wr(3, p)) == PostStatus::not_operational);
+    // More input after the end is refused without another report.
+    CHECK(a.feed(make_fpdu(untagged(Opcode::send, true, 0, 1, 0))).has_value());
+    CHECK(a.upper.terminates.size() == 1);
+}
