@@ -98,9 +98,22 @@ Port::~Port() {
 void Port::start(const PortConfig& cfg) {
     rte_eth_dev_info info{};
     if (rte_eth_dev_info_get(port_id_, &info) != 0) throw Error("cannot query device " + name_);
-    if (cfg.mtu < 576 || cfg.mtu > info.max_mtu)
-        throw Error("MTU " + std::to_string(cfg.mtu) + " not allowed by " + name_ + " (allowed 576.." +
-                    std::to_string(info.max_mtu) + ")");
+    // The largest MTU ethdev will configure: DPDK checks MTU + overhead against max_rx_pktlen.
+    const std::uint32_t overhead = info.max_mtu < UINT16_MAX && info.max_rx_pktlen > info.max_mtu
+                                       ? info.max_rx_pktlen - info.max_mtu
+                                       : RTE_ETHER_HDR_LEN + RTE_ETHER_CRC_LEN;
+    const std::uint32_t device_max = std::min<std::uint32_t>(info.max_mtu, info.max_rx_pktlen - overhead);
+    std::uint16_t device_mtu = cfg.mtu;
+    if (cfg.mtu > device_max) {
+        // memif (DPDK 22.11) reports a 1518-byte frame limit but carries frames of any size through its
+        // shared-memory rings (chained buffers): the link MTU is ours to choose, so configure ethdev at its
+        // limit and let the stack use cfg.mtu. Every other backend must allow the MTU itself.
+        if (cfg.backend != Backend::memif)
+            throw Error("MTU " + std::to_string(cfg.mtu) + " not allowed by " + name_ + " (at most " +
+                        std::to_string(device_max) + ")");
+        device_mtu = static_cast<std::uint16_t>(std::min<std::uint32_t>(device_max, RTE_ETHER_MTU));
+    }
+    if (cfg.mtu < 576) throw Error("MTU " + std::to_string(cfg.mtu) + " below IPv4's minimum of 576");
 
     // Mempool sizing rule: RX descriptors (each holds an mbuf once filled) + TX descriptors (mbufs wait
     // there until sent) + frames the stack holds (kStackHeldFrames) + one cache per lcore; rounded to
@@ -122,7 +135,7 @@ void Port::start(const PortConfig& cfg) {
                     " (more hugepages, or a larger EalConfig::no_huge_memory_mb)");
 
     rte_eth_conf conf{};
-    conf.rxmode.mtu = cfg.mtu;
+    conf.rxmode.mtu = device_mtu;
     if (rte_eth_dev_configure(port_id_, 1, 1, &conf) != 0) throw Error("cannot configure " + name_);
     std::uint16_t nrx = cfg.rx_descriptors, ntx = cfg.tx_descriptors;
     rte_eth_dev_adjust_nb_rx_tx_desc(port_id_, &nrx, &ntx);
@@ -137,8 +150,8 @@ void Port::start(const PortConfig& cfg) {
         if (rte_eth_dev_default_mac_addr_set(port_id_, &a) != 0)
             spdlog::warn("softrdma: {} does not take MAC {}; keeping its own", name_, format_mac(cfg.mac));
     }
-    if (rte_eth_dev_set_mtu(port_id_, cfg.mtu) != 0 && cfg.mtu != 1500)
-        throw Error("device " + name_ + " refused MTU " + std::to_string(cfg.mtu));
+    if (rte_eth_dev_set_mtu(port_id_, device_mtu) != 0 && device_mtu != RTE_ETHER_MTU)
+        throw Error("device " + name_ + " refused MTU " + std::to_string(device_mtu));
 
     // A memif client whose server is not up yet fails to start: retry until the link timeout.
     const auto deadline = std::chrono::steady_clock::now() + cfg.link_timeout;

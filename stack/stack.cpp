@@ -225,6 +225,14 @@ unsigned Stack::active_pcbs() const noexcept {
     return n;
 }
 
+std::string Stack::protocol_counters() const {
+    const auto& t = lwip_stats.tcp;
+    return "tcp xmit=" + std::to_string(t.xmit) + " recv=" + std::to_string(t.recv) + " drop=" +
+           std::to_string(t.drop) + " memerr=" + std::to_string(t.memerr) + " chkerr=" + std::to_string(t.chkerr) +
+           " proterr=" + std::to_string(t.proterr) + " ip drop=" + std::to_string(lwip_stats.ip.drop) +
+           " link drop=" + std::to_string(lwip_stats.link.drop);
+}
+
 PoolUsage Stack::pool_usage() const {
     PoolUsage u;
     for (int i = 0; i < MEMP_MAX; ++i)

@@ -81,6 +81,8 @@ public:
     unsigned active_pcbs() const noexcept;
 
     PoolUsage pool_usage() const;
+    // lwIP's TCP/IP counters in one line (xmit, recv, drop, memerr, checksum and protocol errors).
+    std::string protocol_counters() const;
     const StackCounters& counters() const noexcept { return counters_; }
     io::Port& port() noexcept { return port_; }
     Ipv4 address() const noexcept { return cfg_.address; }

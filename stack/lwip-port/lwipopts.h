@@ -22,8 +22,8 @@
 #define MEMP_MEM_MALLOC                 0
 #define MEM_ALIGNMENT                   8
 /* lwIP's heap (a static array) holds TX data copied by tcp_write(TCP_WRITE_FLAG_COPY) until it is ACKed,
- * plus small control frames (ARP, ICMP, RST). Rule: >= TCP_SND_BUF x the connections expected to have a
- * full send buffer at once (8 here) + 1 MiB for control frames. Beyond that tcp_write says ERR_MEM and the
+ * segment headers of zero-copy writes, and small control frames (ARP, ICMP, RST). Rule: >= TCP_SND_BUF x
+ * the connections expected to have a full send buffer at once (32 here) + 1 MiB for the rest. Beyond that tcp_write says ERR_MEM and the
  * writer waits for ACKs (back-pressure). */
 #define MEM_SIZE                        (9u * 1024u * 1024u)
 
@@ -56,7 +56,10 @@
 #define LWIP_WND_SCALE                  1
 #define TCP_RCV_SCALE                   5
 #define TCP_WND                         (1024u * 1024u)
-#define TCP_SND_BUF                     (1024u * 1024u)
+/* Send buffer: must cover the bandwidth-delay product (3 GB/s x 50 us = 150 KB on a local link), and no
+ * more: lwIP 2.1.3's tcp_output() walks the whole unacked queue on every call, so a needlessly long queue
+ * costs CPU on every ACK. 256 KiB keeps it <= 180 segments at MSS 1460. */
+#define TCP_SND_BUF                     (256u * 1024u)
 /* Segments a pcb may queue: TCP_SND_BUF at the smallest useful MSS (536) x2 for partial segments. */
 #define TCP_SND_QUEUELEN                ((2u * TCP_SND_BUF) / 536u)
 /* Send-space threshold for "writable again"; lwIP requires it 4 MSS below 64 KiB. */
@@ -84,9 +87,9 @@
 /* 1024 RDMA connections per process (verbs target) + 64 for listeners and connections in TIME_WAIT. */
 #define MEMP_NUM_TCP_PCB                1088
 #define MEMP_NUM_TCP_PCB_LISTEN         16
-/* Queued TCP segments over all pcbs: 8 connections with full 1 MiB send buffers at MSS 1460 (718 each)
+/* Queued TCP segments over all pcbs: 32 connections with full send buffers at MSS 1460 (180 each)
  * + 1 per other connection. */
-#define MEMP_NUM_TCP_SEG                (8 * 720 + 1088)
+#define MEMP_NUM_TCP_SEG                (32 * 180 + 1088)
 /* PBUF_REF/ROM headers for zero-copy tcp_write (data owned by the caller until ACKed): as many as
  * segments. */
 #define MEMP_NUM_PBUF                   MEMP_NUM_TCP_SEG

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
 #include <cstring>
 #include <exception>
 #include <thread>
@@ -43,6 +44,7 @@ std::vector<ChildOutcome> run_roles(const std::vector<Role>& roles, std::chrono:
     for (std::size_t i = 0; i < roles.size(); ++i) {
         out[i].name = roles[i].name;
         std::this_thread::sleep_for(roles[i].start_delay);
+        std::fflush(nullptr);  // or the child inherits unwritten stdio buffers and prints them again
         int p[2];
         if (::pipe2(p, O_CLOEXEC) != 0) throw std::runtime_error("pipe failed");
         const pid_t pid = ::fork();
@@ -107,23 +109,35 @@ std::string unique_name(const std::string& stem) {
     return stem + std::to_string(::getpid()) + "x" + std::to_string(n++);
 }
 
-// One mix per 8-byte word: the pattern costs far less than the transfer it checks.
+// Word-at-a-time: one mix and one 8-byte store or compare per word, bytes only at the unaligned ends, so
+// the pattern costs far less than the transfer it checks.
 void fill_pattern(std::uint64_t seed, std::uint64_t offset, std::span<std::byte> out) {
-    std::uint64_t word_index = ~0ull, word = 0;
-    for (std::size_t i = 0; i < out.size(); ++i) {
-        const std::uint64_t at = offset + i;
-        if ((at >> 3) != word_index) word = pattern_word(seed, word_index = at >> 3);
-        out[i] = static_cast<std::byte>(word >> (8 * (at & 7)));
+    std::size_t i = 0;
+    for (; i < out.size() && ((offset + i) & 7) != 0; ++i)
+        out[i] = static_cast<std::byte>(pattern_word(seed, (offset + i) >> 3) >> (8 * ((offset + i) & 7)));
+    for (; i + 8 <= out.size(); i += 8) {
+        const std::uint64_t w = pattern_word(seed, (offset + i) >> 3);
+        std::memcpy(out.data() + i, &w, 8);
     }
+    for (; i < out.size(); ++i)
+        out[i] = static_cast<std::byte>(pattern_word(seed, (offset + i) >> 3) >> (8 * ((offset + i) & 7)));
 }
 
 long long check_pattern(std::uint64_t seed, std::uint64_t offset, std::span<const std::byte> in) {
-    std::uint64_t word_index = ~0ull, word = 0;
-    for (std::size_t i = 0; i < in.size(); ++i) {
-        const std::uint64_t at = offset + i;
-        if ((at >> 3) != word_index) word = pattern_word(seed, word_index = at >> 3);
-        if (in[i] != static_cast<std::byte>(word >> (8 * (at & 7)))) return static_cast<long long>(i);
+    std::size_t i = 0;
+    auto byte_at = [&](std::size_t k) {
+        return static_cast<std::byte>(pattern_word(seed, (offset + k) >> 3) >> (8 * ((offset + k) & 7)));
+    };
+    for (; i < in.size() && ((offset + i) & 7) != 0; ++i)
+        if (in[i] != byte_at(i)) return static_cast<long long>(i);
+    for (; i + 8 <= in.size(); i += 8) {
+        const std::uint64_t w = pattern_word(seed, (offset + i) >> 3);
+        std::uint64_t got;
+        std::memcpy(&got, in.data() + i, 8);
+        if (got != w) break;  // the byte loop below finds the exact index
     }
+    for (; i < in.size(); ++i)
+        if (in[i] != byte_at(i)) return static_cast<long long>(i);
     return -1;
 }
 

@@ -61,6 +61,7 @@ int finish(Env& env, int rc) {
     const auto& c = env.stack->counters();
     report("stack rx_frames=" + std::to_string(c.rx_frames) + " rx_dropped=" + std::to_string(c.rx_dropped) +
            " tx_frames=" + std::to_string(c.tx_frames) + " tx_dropped=" + std::to_string(c.tx_dropped));
+    report(env.stack->protocol_counters());
     const auto d = env.port->device_stats();
     report("port tx_refused=" + std::to_string(env.port->counters().tx_refused) + " imissed=" +
            std::to_string(d.imissed) + " ierrors=" + std::to_string(d.ierrors) + " rx_nombuf=" +
@@ -123,7 +124,7 @@ struct StreamSource : TcpConnection::Handler {
     bool fin_sent = false;
     bool remote_closed = false;
     std::string error;
-    std::array<std::byte, 16384> chunk{};
+    std::array<std::byte, 65535> chunk{};  // tcp_write's largest single call
 
     void pump() {
         if (!connected || fin_sent || !conn || !conn->open()) return;
