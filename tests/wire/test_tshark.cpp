@@ -6,7 +6,10 @@
 // (tshark's iwarp_mpa expects one FPDU per segment) into a pcap, which tshark must decode with no malformed
 // frame, no expert error or warning except the two MPA revision-2 warnings, a good CRC on every FPDU when
 // CRC is on, and the opcodes, STags, offsets, queue numbers, MSNs and lengths we encoded.
-// tshark absent: each case warns and passes.
+// Markers: tshark 4.0's iwarp_mpa does decode them, whatever the revision: it places one every 512 octets from
+// each direction's first FPDU (as RFC 5044 section 4.3 and our FpduTx do), strips them, and checks the CRC
+// over them. It assumes Markers in both directions as soon as either side sets M, so the marker runs set M
+// on both sides. tshark absent: each case warns and passes (the loopback itself still runs and checks).
 #include <catch2/catch.hpp>
 
 #include <chrono>
@@ -99,6 +102,7 @@ struct Result {
     mpa::Agreed agreed;
     std::vector<Fields> from_client, from_server;  // expected FPDU fields per direction, in order
     std::size_t fpdus{0};
+    std::size_t markers{0};  // one at every multiple of 512 of each direction's FPDU stream, when negotiated
 };
 
 // Runs the connection; every byte on the wire also goes into the pcap.
@@ -266,6 +270,8 @@ Result run_session(const Setup& setup) {
     pump();
     tcp.close();
     r.fpdus = client.fpdus_sent + server.fpdus_sent;
+    for (const Side* side : {&client, &server})
+        if (side->markers_tx) r.markers += (side->tx_pos + mpa::kMarkerInterval - 1) / mpa::kMarkerInterval;
 
     // Both ends saw what the other meant: the data arrived, and the TERMINATE ended the stream on both sides.
     REQUIRE(server.upper.received.size() == 4);
@@ -293,6 +299,12 @@ std::vector<std::map<std::string, std::string>> field_rows(const std::string& ou
             if (!values[i].empty()) row[names[i]] = values[i];
     }
     return rows;
+}
+
+std::size_t count(const std::string& text, const std::string& needle) {
+    std::size_t n = 0;
+    for (std::size_t at = 0; (at = text.find(needle, at)) != std::string::npos; at += needle.size()) ++n;
+    return n;
 }
 
 std::vector<std::string> tshark_args(const std::filesystem::path& file, std::vector<std::string> more) {
@@ -324,9 +336,8 @@ void check_with_tshark(const std::filesystem::path& tshark, const Setup& setup, 
     const std::string verbose = run_tshark(tshark, tshark_args(file, {"-V"}));
     CHECK(verbose.find("Malformed") == std::string::npos);
     CHECK(verbose.find("Bad CRC32") == std::string::npos);
-    std::size_t good = 0;
-    for (std::size_t at = 0; (at = verbose.find("(Good CRC32)", at)) != std::string::npos; ++at) ++good;
-    CHECK(good == (r.agreed.crc ? r.fpdus : 0));
+    CHECK(count(verbose, "(Good CRC32)") == (r.agreed.crc ? r.fpdus : 0));
+    CHECK(count(verbose, "FPDU back pointer:") == r.markers);
 
     // 3. MPA Request and Reply fields.
     const std::vector<std::string> mpa_names{"tcp.srcport", "iwarp_mpa.rev", "iwarp_mpa.marker_flag",
@@ -384,6 +395,8 @@ TEST_CASE("tshark decodes our MPA startup and every RDMAP opcode it knows", "[wi
         {"rev1_crc", 1, mpa::CrcPolicy::preferred, false},
         {"rev2", 2, mpa::CrcPolicy::off, false},
         {"rev2_crc", 2, mpa::CrcPolicy::preferred, false},
+        {"rev1_markers", 1, mpa::CrcPolicy::preferred, true},
+        {"rev2_markers", 2, mpa::CrcPolicy::preferred, true},
     };
     const auto tshark = find_tshark();
     for (const Setup& s : setups) {
