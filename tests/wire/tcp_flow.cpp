@@ -30,6 +30,20 @@ void put32(std::uint8_t* p, std::uint32_t v) {
     put16(p + 2, static_cast<std::uint16_t>(v));
 }
 
+// RFC 1071 ones' complement sum of `bytes` (not folded, not inverted), seeded with `sum`.
+std::uint32_t ones_sum(std::span<const std::uint8_t> bytes, std::uint32_t sum = 0) {
+    std::size_t i = 0;
+    for (; i + 1 < bytes.size(); i += 2) sum += be16(&bytes[i]);
+    if (i < bytes.size()) sum += std::uint32_t{bytes[i]} << 8;
+    return sum;
+}
+
+// Folds a ones' complement sum into 16 bits; a header whose checksum is right folds to 0xffff.
+std::uint16_t fold_checksum(std::uint32_t sum) {
+    while (sum >> 16) sum = (sum & 0xffff) + (sum >> 16);
+    return static_cast<std::uint16_t>(sum);
+}
+
 // Ones' complement sum of the TCP pseudo-header (RFC 793 section 3.1).
 std::uint32_t pseudo_header_sum(std::span<const std::uint8_t> src_ip, std::span<const std::uint8_t> dst_ip,
                                 std::size_t tcp_bytes) {
@@ -150,18 +164,6 @@ private:
 };
 
 }  // namespace
-
-std::uint32_t ones_sum(std::span<const std::uint8_t> bytes, std::uint32_t sum) {
-    std::size_t i = 0;
-    for (; i + 1 < bytes.size(); i += 2) sum += be16(&bytes[i]);
-    if (i < bytes.size()) sum += std::uint32_t{bytes[i]} << 8;
-    return sum;
-}
-
-std::uint16_t fold_checksum(std::uint32_t sum) {
-    while (sum >> 16) sum = (sum & 0xffff) + (sum >> 16);
-    return static_cast<std::uint16_t>(sum);
-}
 
 TcpSessionWriter::TcpSessionWriter(PcapWriter& out, Endpoint client, Endpoint server, std::uint16_t mss,
                                    std::uint32_t client_isn, std::uint32_t server_isn)

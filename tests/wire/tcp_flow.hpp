@@ -22,10 +22,6 @@ struct Endpoint {
     friend bool operator==(const Endpoint&, const Endpoint&) = default;
 };
 
-// RFC 1071 ones' complement sum of `bytes` folded into 16 bits (not inverted), seeded with `sum`.
-std::uint32_t ones_sum(std::span<const std::uint8_t> bytes, std::uint32_t sum = 0);
-std::uint16_t fold_checksum(std::uint32_t sum);
-
 enum class Dir { client_to_server, server_to_client };
 
 // Writes one TCP connection into a PcapWriter. The constructor emits SYN, SYN-ACK, ACK (SYNs carry the

@@ -172,8 +172,9 @@ Result run_session(const Setup& setup) {
     // The client's work requests and the FPDUs each one must become.
     std::vector<std::byte> payload(5000);
     for (std::size_t i = 0; i < payload.size(); ++i) payload[i] = static_cast<std::byte>(i * 7 + 1);
+    std::uint64_t wr_id = 1;
     auto wr_with = [&](rdmap::WrOp op, std::size_t len) {
-        rdmap::WorkRequest wr{.wr_id = client.fpdus_sent, .op = op};
+        rdmap::WorkRequest wr{.wr_id = wr_id++, .op = op};
         if (len) {
             wr.sgl[0] = std::span<const std::byte>(payload).first(len);
             wr.num_sge = 1;

@@ -30,7 +30,7 @@ struct ExpertItem {
 };
 std::vector<ExpertItem> parse_expert_summary(const std::string& text);
 
-// _ws.expert.severity values (epan/proto.h PI_WARN, PI_ERROR): anything at or above warn is a finding.
-constexpr unsigned long expert_warn = 0x00600000, expert_error = 0x00800000;
+// _ws.expert.severity of a warning (epan/proto.h PI_WARN); errors are above it.
+constexpr unsigned long expert_warn = 0x00600000;
 
 }  // namespace softrdma::wire
