@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <map>
 #include <string>
+#include <utility>
 
 #include "mpa/negotiation.hpp"
 #include "rdmap/endpoint.hpp"
@@ -105,12 +106,10 @@ struct Result {
     std::size_t markers{0};  // one at every multiple of 512 of each direction's FPDU stream, when negotiated
 };
 
-// Runs the connection; every byte on the wire also goes into the pcap.
-Result run_session(const Setup& setup) {
-    Result r;
-    TcpSessionWriter tcp(r.pcap, client_addr, server_addr, mss);
+// MPA startup through the real negotiators; the Request and Reply go on the wire. Returns the initiator's
+// and the responder's agreement.
+std::pair<mpa::Agreed, mpa::Agreed> negotiate(TcpSessionWriter& tcp, const Setup& setup) {
     const auto now = mpa::Clock::now();
-
     mpa::NegotiationConfig cfg;
     cfg.revision = setup.revision;
     cfg.crc = setup.crc;
@@ -120,20 +119,30 @@ Result run_session(const Setup& setup) {
     mpa::Responder resp(cfg);
     REQUIRE(ini.start(now) == mpa::Outcome::in_progress);
     resp.start(now);
+
     const std::vector<std::byte> request(ini.output().begin(), ini.output().end());
     ini.output_sent(request.size());
     tcp.send(Dir::client_to_server, u8(request));
     REQUIRE(resp.input(request, now) == request.size());
     REQUIRE(resp.outcome() == mpa::Outcome::request_received);
     REQUIRE(resp.accept({}, ird_ord, ird_ord));
+
     const std::vector<std::byte> reply(resp.output().begin(), resp.output().end());
     resp.output_sent(reply.size());
     tcp.send(Dir::server_to_client, u8(reply));
     REQUIRE(ini.input(reply, now) == reply.size());
     REQUIRE(ini.outcome() == mpa::Outcome::agreed);
-    r.agreed = ini.agreed();
+    return {ini.agreed(), resp.agreed()};
+}
 
-    Side client(ini.agreed()), server(resp.agreed());
+// Runs the connection; every byte on the wire also goes into the pcap.
+Result run_session(const Setup& setup) {
+    Result r;
+    TcpSessionWriter tcp(r.pcap, client_addr, server_addr, mss);
+    const auto [client_agreed, server_agreed] = negotiate(tcp, setup);
+    r.agreed = client_agreed;
+
+    Side client(client_agreed), server(server_agreed);
     const std::size_t mulpdu = client.tx.mulpdu();
     REQUIRE(server.tx.mulpdu() == mulpdu);
 
