@@ -125,6 +125,18 @@ TEST_CASE("a lost segment stops the stream at the gap", "[wire][pcap]") {
     CHECK(conns[0].client.missing_bytes == 500);
 }
 
+TEST_CASE("a capture that starts after the handshake starts each stream at its first segment", "[wire][pcap]") {
+    auto frames = parse_capture(sample_session().image());
+    frames.erase(frames.begin(), frames.begin() + 3);  // no SYN, SYN-ACK, ACK
+
+    const auto conns = reassemble(frames);
+    REQUIRE(conns.size() == 1);
+    CHECK_FALSE(conns[0].client.saw_syn);
+    CHECK(conns[0].client.from == client);  // the first sender seen
+    CHECK(conns[0].client.bytes == pattern(5000, 1));
+    CHECK(conns[0].server.bytes == pattern(3001, 2));
+}
+
 TEST_CASE("connections are told apart, a reused 4-tuple after a new SYN too", "[wire][pcap]") {
     PcapWriter pcap;
     Endpoint other = client;
