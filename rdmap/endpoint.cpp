@@ -148,6 +148,7 @@ PostStatus Endpoint::post(const WorkRequest& wr) {
     case WrOp::fetch_add:
     case WrOp::cmp_swap:
         if (wr.with_imm || wr.with_inv || wr.num_sge != 0) return PostStatus::bad_wr;
+        if (cfg_.ord == 0) return PostStatus::bad_wr;  // no READ/atomic credits negotiated: it could never go
         if (wr.op != WrOp::read && (wr.remote_to & 7) != 0) return PostStatus::bad_wr;  // RFC 7306: aligned
         break;
     }
@@ -160,8 +161,7 @@ bool Endpoint::tx_ready() const {
     if (state_ == State::error) return term_pending_;
     if (!irq_.empty()) return true;
     if (sq_.empty()) return false;
-    auto& self = const_cast<Endpoint&>(*this);  // Ring::front is non-const; no mutation here
-    const WorkRequest& w = self.sq_.front();
+    const WorkRequest& w = sq_.front();
     const bool request = w.op == WrOp::read || w.op == WrOp::fetch_add || w.op == WrOp::cmp_swap;
     return !(request && tx_src_ != TxSrc::sq && orq_.size() >= cfg_.ord);
 }

@@ -118,6 +118,7 @@ private:
         bool full() const { return n_ == buf_.size(); }
         std::size_t size() const { return n_; }
         T& front() { return buf_[head_]; }
+        const T& front() const { return buf_[head_]; }
         T& at(std::size_t i) { return buf_[(head_ + i) % buf_.size()]; }
         void push(const T& v) {
             buf_[(head_ + n_) % buf_.size()] = v;
@@ -212,10 +213,12 @@ private:
     std::uint8_t send_op_{0};    // opcode of the QN 0 message in progress
     std::uint32_t rx_inv_stag_{0};
     RxSeg rx_{};
-    std::array<std::byte, 2 + kMaxHeaderLen> term_rx_{};  // received TERMINATE's attached bytes (truncated)
+    // Received TERMINATE's attached bytes: DDP Segment Length + the largest header a TERMINATE can carry
+    // (RFC 5040 section 4.8); anything beyond is dropped (reporting only).
+    std::array<std::byte, 2 + kMaxHeaderLen> term_rx_{};
     std::size_t term_rx_len_{0};
 
-    // TERMINATE to send: header + DDP Segment Length + the largest offending header.
+    // TERMINATE to send: its own header + DDP Segment Length + the largest offending header (an Atomic Request).
     std::array<std::byte, kTerminateLen + 2 + kMaxHeaderLen> term_tx_{};
     std::size_t term_tx_len_{0};
     bool term_pending_{false};

@@ -15,6 +15,7 @@ namespace softrdma::rdmap {
 
 static_assert(mpa::UlpduHandler<Endpoint>);
 static_assert(mpa::CrcFusingHandler<Endpoint>);
+static_assert(kMaxHeaderLen <= mpa::Deframer<Endpoint>::kMaxUlpduHeader);
 
 // Borrows `tx` (it must outlive the framer); all calls forwarded.
 class FpduFramer final : public Framer {

@@ -407,6 +407,26 @@ TEST_CASE("SEND with invalidate", "[rdmap]") {
     CHECK(b.upper.invalidated == std::vector<std::uint32_t>{0x500});
 }
 
+TEST_CASE("zero-length WRITE RTR with STag 1: nothing looked up, nothing completed", "[rdmap]") {
+    Side a, b;
+    WorkRequest rtr;
+    rtr.op = WrOp::write;
+    rtr.remote_stag = 1;  // iwarp-wire.md: STag 1, not 0
+    rtr.signaled = false;
+    REQUIRE(a.ep.post(rtr) == PostStatus::ok);
+    const std::vector<std::byte> wire = a.drain();
+    const std::vector<Fpdu> f = split_fpdus(wire);
+    REQUIRE(f.size() == 1);
+    CHECK(f[0].ulpdu.size() == 14);
+    CHECK(ddp::load_be16(f[0].ulpdu, 0) == 0xC140);
+    CHECK(ddp::load_be32(f[0].ulpdu, 2) == 1);
+    CHECK_FALSE(b.feed(wire));
+    CHECK(b.upper.lookups == 0);
+    CHECK(b.upper.completions.empty());
+    CHECK(a.upper.completions.empty());
+    CHECK(b.ep.state() == State::operational);
+}
+
 TEST_CASE("post: bad work requests and a full queue", "[rdmap]") {
     SideConfig c;
     c.ep.sq_depth = 2;
@@ -418,6 +438,12 @@ TEST_CASE("post: bad work requests and a full queue", "[rdmap]") {
     fa.op = WrOp::fetch_add;
     fa.remote_to = 4;  // atomics need 8-byte alignment
     CHECK(a.ep.post(fa) == PostStatus::bad_wr);
+    SideConfig z;
+    z.ep.ord = 0;
+    Side noord(z);
+    WorkRequest r;
+    r.op = WrOp::read;
+    CHECK(noord.ep.post(r) == PostStatus::bad_wr);  // ORD 0: a READ could never be sent
     CHECK(a.ep.post(WorkRequest{}) == PostStatus::ok);
     CHECK(a.ep.post(WorkRequest{}) == PostStatus::ok);
     CHECK(a.ep.post(WorkRequest{}) == PostStatus::queue_full);
