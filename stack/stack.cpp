@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: MIT
 #include "stack/stack.hpp"
 
+#include "stack/tcp.hpp"
+
 #include <arpa/inet.h>
 #include <sched.h>
 
@@ -128,28 +130,31 @@ signed char Stack::link_output(netif* nif, pbuf* p) {
     pbuf_copy_partial(p, rte_pktmbuf_mtod(m, void*), p->tot_len, 0);
     m->data_len = p->tot_len;
     m->pkt_len = p->tot_len;
-    if (self->tx_count_ == kTxBatch) self->flush_tx();
-    if (self->tx_count_ == kTxBatch) {  // the TX ring stayed full: drop, TCP sends it again
+    if (self->tx_tail_ == kTxQueue) self->flush_tx();
+    if (self->tx_tail_ == kTxQueue) {  // the ring stayed full for a whole queue: drop, TCP sends it again
         rte_pktmbuf_free(m);
         ++self->counters_.tx_dropped;
         return ERR_OK;
     }
-    self->tx_batch_[self->tx_count_++] = m;
+    self->tx_queue_[self->tx_tail_++] = m;
     ++self->counters_.tx_frames;
     return ERR_OK;
 }
 
+// Hands queued frames to the driver until it refuses; the rest wait for the next turn (RX keeps being
+// polled meanwhile, so two peers with full rings still drain each other).
 void Stack::flush_tx() noexcept {
-    unsigned tries = 0;
-    while (tx_count_ != 0) {
-        const unsigned sent = port_.tx_burst(std::span(tx_batch_, tx_count_));
-        if (sent != 0) {
-            std::copy(tx_batch_ + sent, tx_batch_ + tx_count_, tx_batch_);
-            tx_count_ -= sent;
-            tries = 0;
-        } else if (++tries == 64) {
-            return;  // ring full: keep the frames for the next turn (bounded by kTxBatch)
-        }
+    while (tx_head_ != tx_tail_) {
+        const unsigned sent = port_.tx_burst(std::span(tx_queue_ + tx_head_, std::min(tx_tail_ - tx_head_, 64u)));
+        if (sent == 0) break;
+        tx_head_ += sent;
+    }
+    if (tx_head_ == tx_tail_) {
+        tx_head_ = tx_tail_ = 0;
+    } else if (tx_tail_ == kTxQueue && tx_head_ != 0) {  // compact so link_output has room again
+        std::copy(tx_queue_ + tx_head_, tx_queue_ + tx_tail_, tx_queue_);
+        tx_tail_ -= tx_head_;
+        tx_head_ = 0;
     }
 }
 
@@ -187,10 +192,18 @@ void Stack::input(rte_mbuf* m) noexcept {
 
 unsigned Stack::poll() noexcept {
     assert_owner();
+    // Drain up to 4 bursts per turn: the peer's ring empties faster than one burst per turn of ours.
     constexpr unsigned kBurst = 32;
     rte_mbuf* burst[kBurst];
-    const unsigned n = port_.rx_burst(std::span(burst, kBurst));
-    for (unsigned i = 0; i < n; ++i) input(burst[i]);
+    unsigned n = 0;
+    for (unsigned b = 0; b < 4; ++b) {
+        const unsigned got = port_.rx_burst(std::span(burst, kBurst));
+        for (unsigned i = 0; i < got; ++i) input(burst[i]);
+        n += got;
+        if (got < kBurst) break;
+    }
+    for (unsigned i = 0; i < ack_count_; ++i) ack_pending_[i]->send_deferred_ack();
+    ack_count_ = 0;
     const std::uint32_t now = sys_now();
     if (now != last_timer_ms_) {
         last_timer_ms_ = now;
@@ -205,13 +218,31 @@ bool Stack::run_until(const std::function<bool()>& done, std::chrono::millisecon
     unsigned idle = 0;
     for (std::uint64_t turn = 0;; ++turn) {
         if (done()) return true;
-        if (poll() == 0) {
+        const std::uint64_t sent_before = counters_.tx_frames;
+        // Idle = nothing received and nothing sent this turn (the caller's done() may be the one working).
+        if (poll() == 0 && counters_.tx_frames == sent_before) {
             if (++idle > 256) sched_yield();  // let a peer on the same core run
         } else {
             idle = 0;
         }
         if ((turn & 255) == 0 && std::chrono::steady_clock::now() >= deadline) return done();
     }
+}
+
+void Stack::defer_ack(TcpConnection* conn) noexcept {
+    if (ack_count_ == kAckPending) {
+        conn->send_deferred_ack();
+        return;
+    }
+    ack_pending_[ack_count_++] = conn;
+}
+
+void Stack::cancel_ack(TcpConnection* conn) noexcept {
+    for (unsigned i = 0; i < ack_count_; ++i)
+        if (ack_pending_[i] == conn) {
+            ack_pending_[i] = ack_pending_[--ack_count_];
+            return;
+        }
 }
 
 void Stack::purge_time_wait() noexcept {

@@ -90,6 +90,11 @@ public:
     // Debug builds: aborts unless called on the owner thread.
     void assert_owner() const noexcept;
 
+    // Connections that received data this turn get their ACK at the end of the turn (poll()), not after
+    // lwIP's delayed-ACK tick: one ACK per connection per turn however many segments arrived.
+    void defer_ack(TcpConnection* conn) noexcept;
+    void cancel_ack(TcpConnection* conn) noexcept;
+
 private:
     friend struct StackAccess;
     static signed char netif_init(netif* nif);
@@ -101,12 +106,20 @@ private:
     std::unique_ptr<netif> netif_;
     std::thread::id owner_;
     std::uint32_t last_timer_ms_ = 0;
-    // TX batch: frames lwIP produced in this turn, sent together. Ownership: the Stack's until tx_burst
-    // accepts them; after that the driver's.
-    static constexpr unsigned kTxBatch = 64;
-    rte_mbuf* tx_batch_[kTxBatch] = {};
-    unsigned tx_count_ = 0;
+    // TX queue: frames lwIP produced, waiting for room in the driver's ring (a FIFO). Ownership: the
+    // Stack's until tx_burst accepts them; after that the driver's. Sizing rule: absorbs a burst of one
+    // full send window at MSS 1460 (256 KiB / 1460 = 180 frames) from several connections at once while
+    // the peer is descheduled; beyond it frames are dropped and TCP resends them.
+    static constexpr unsigned kTxQueue = 1024;
+    rte_mbuf* tx_queue_[kTxQueue] = {};
+    unsigned tx_head_ = 0;  // next frame to hand to the driver
+    unsigned tx_tail_ = 0;  // one past the last queued frame (tx_head_ <= tx_tail_ <= kTxQueue)
     StackCounters counters_;
+    // Sizing rule: at most one entry per frame received in a turn (4 bursts of 32); when full, the
+    // connection is ACKed at once instead.
+    static constexpr unsigned kAckPending = 128;
+    TcpConnection* ack_pending_[kAckPending] = {};
+    unsigned ack_count_ = 0;
 };
 
 }  // namespace softrdma::stack

@@ -9,20 +9,24 @@
 namespace softrdma::stack {
 namespace {
 
-// lwIP must hear ERR_ABRT from a callback in which the pcb was aborted. Callbacks do not nest (lwIP is
-// single-threaded and raw-API callbacks are not re-entered), so one record suffices.
+}  // namespace
+
+// lwIP must hear ERR_ABRT from a callback in which the pcb was aborted, and the wrapper must not touch a
+// connection the handler destroyed. Callbacks do not nest (lwIP is single-threaded and raw-API callbacks
+// are not re-entered), so one record suffices.
 struct CallbackScope {
     static inline tcp_pcb* pcb = nullptr;
-    static inline bool aborted = false;
-    explicit CallbackScope(tcp_pcb* p) noexcept {
+    static inline TcpConnection* conn = nullptr;
+    static inline bool aborted = false;    // the pcb is gone: tell lwIP ERR_ABRT
+    static inline bool destroyed = false;  // the TcpConnection object is gone
+    CallbackScope(tcp_pcb* p, TcpConnection* c) noexcept {
         pcb = p;
-        aborted = false;
+        conn = c;
+        aborted = destroyed = false;
     }
-    ~CallbackScope() { pcb = nullptr; }
+    ~CallbackScope() { pcb = nullptr, conn = nullptr; }
     err_t result() const noexcept { return aborted ? ERR_ABRT : ERR_OK; }
 };
-
-}  // namespace
 
 const char* to_string(TcpError e) noexcept {
     switch (e) {
@@ -74,6 +78,16 @@ TcpConnection::TcpConnection(Stack& stack, tcp_pcb* pcb, Handler* handler, bool 
 
 TcpConnection::~TcpConnection() {
     if (pcb_ != nullptr) abort();
+    if (ack_deferred_) stack_.cancel_ack(this);
+    if (CallbackScope::conn == this) CallbackScope::destroyed = true;
+}
+
+void TcpConnection::send_deferred_ack() noexcept {
+    ack_deferred_ = false;
+    if (pcb_ != nullptr && (pcb_->flags & TF_ACK_DELAY) != 0) {
+        tcp_ack_now(pcb_);
+        tcp_output(pcb_);
+    }
 }
 
 void TcpConnection::attach() noexcept {
@@ -158,13 +172,17 @@ err_t TcpConnection::on_recv_cb(void* arg, tcp_pcb* pcb, pbuf* p, err_t) {
         }
         return ERR_OK;
     }
-    CallbackScope scope(pcb);
+    CallbackScope scope(pcb, self);
     if (p == nullptr) {
         self->handler_->on_remote_close(*self);
     } else {
         // Ownership of p passes to the handler inside the RecvBuffer (so we return ERR_OK, or ERR_ABRT if
         // the handler aborted: lwIP frees nothing of p either way).
         self->handler_->on_receive(*self, RecvBuffer(self, p));
+        if (!scope.destroyed && self->pcb_ != nullptr && !self->ack_deferred_) {
+            self->ack_deferred_ = true;
+            self->stack_.defer_ack(self);
+        }
     }
     return scope.result();
 }
@@ -172,7 +190,7 @@ err_t TcpConnection::on_recv_cb(void* arg, tcp_pcb* pcb, pbuf* p, err_t) {
 err_t TcpConnection::on_sent_cb(void* arg, tcp_pcb* pcb, u16_t len) {
     auto* self = static_cast<TcpConnection*>(arg);
     if (self == nullptr) return ERR_OK;
-    CallbackScope scope(pcb);
+    CallbackScope scope(pcb, self);
     self->handler_->on_sent(*self, len);
     return scope.result();
 }
@@ -180,7 +198,7 @@ err_t TcpConnection::on_sent_cb(void* arg, tcp_pcb* pcb, u16_t len) {
 err_t TcpConnection::on_connected_cb(void* arg, tcp_pcb* pcb, err_t) {
     auto* self = static_cast<TcpConnection*>(arg);
     if (self == nullptr) return ERR_OK;
-    CallbackScope scope(pcb);
+    CallbackScope scope(pcb, self);
     self->connected_ = true;
     self->handler_->on_connected(*self);
     return scope.result();
@@ -190,7 +208,7 @@ err_t TcpConnection::on_poll_cb(void* arg, tcp_pcb* pcb) {
     auto* self = static_cast<TcpConnection*>(arg);
     if (self == nullptr || self->connected_ || std::chrono::steady_clock::now() < self->connect_deadline_)
         return ERR_OK;
-    CallbackScope scope(pcb);
+    CallbackScope scope(pcb, self);
     self->abort();
     self->handler_->on_error(*self, TcpError::timed_out);
     return ERR_ABRT;
@@ -256,7 +274,7 @@ err_t TcpListener::on_accept_cb(void* arg, tcp_pcb* pcb, err_t err) {
     if (self == nullptr || pcb == nullptr || err != ERR_OK) return ERR_VAL;
     std::unique_ptr<TcpConnection> conn(new TcpConnection(self->stack_, pcb, nullptr, true));
     conn->attach();
-    CallbackScope scope(pcb);
+    CallbackScope scope(pcb, conn.get());
     self->handler_.on_accept(std::move(conn));  // dropping it aborts: scope then says ERR_ABRT
     return scope.result();
 }

@@ -84,6 +84,8 @@ public:
     // Copies up to data.size() bytes into lwIP's send buffer; returns how many it took. Fewer than asked
     // (even 0) means the send buffer or queue is full: write the rest after on_sent(). Nothing is sent
     // until flush() (or lwIP's own output after an ACK or timer), so several writes make one segment.
+    // If it takes nothing while send_space() > 0, lwIP's shared heap or segment pool is exhausted by other
+    // connections: no on_sent() may follow for this one, so try again on a later poll turn.
     std::size_t write(std::span<const std::byte> data) noexcept;
     // Zero-copy: lwIP references `data` instead of copying. Ownership: the bytes must stay valid and
     // unchanged until on_sent() has acknowledged them (acks come in write order).
@@ -103,6 +105,7 @@ public:
 
 private:
     friend class Stack;
+    friend struct CallbackScope;
     friend class TcpListener;
     friend class RecvBuffer;
     friend std::unique_ptr<TcpConnection> connect(Stack&, Ipv4, std::uint16_t, TcpConnection::Handler&,
@@ -111,6 +114,7 @@ private:
     void attach() noexcept;
     void detach() noexcept;
     void consumed(std::size_t bytes) noexcept;
+    void send_deferred_ack() noexcept;
     std::size_t write_flags(std::span<const std::byte> data, std::uint8_t flags) noexcept;
     static signed char on_recv_cb(void* arg, tcp_pcb* pcb, pbuf* p, signed char err);
     static signed char on_sent_cb(void* arg, tcp_pcb* pcb, std::uint16_t len);
@@ -122,6 +126,7 @@ private:
     tcp_pcb* pcb_;
     Handler* handler_;
     bool connected_;
+    bool ack_deferred_ = false;  // in the Stack's end-of-turn ACK list
     std::chrono::steady_clock::time_point connect_deadline_{};
 };
 

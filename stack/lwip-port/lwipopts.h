@@ -21,11 +21,13 @@
 #define MEM_LIBC_MALLOC                 0
 #define MEMP_MEM_MALLOC                 0
 #define MEM_ALIGNMENT                   8
-/* lwIP's heap (a static array) holds TX data copied by tcp_write(TCP_WRITE_FLAG_COPY) until it is ACKed,
- * segment headers of zero-copy writes, and small control frames (ARP, ICMP, RST). Rule: >= TCP_SND_BUF x
- * the connections expected to have a full send buffer at once (32 here) + 1 MiB for the rest. Beyond that tcp_write says ERR_MEM and the
- * writer waits for ACKs (back-pressure). */
-#define MEM_SIZE                        (9u * 1024u * 1024u)
+/* lwIP's mem_malloc (PBUF_RAM: TX data copied by tcp_write(TCP_WRITE_FLAG_COPY) until ACKed, TCP headers
+ * of zero-copy writes, control frames) comes from the fixed-size static pools in lwippools.h, each with its
+ * sizing rule, instead of a first-fit heap. */
+#define MEM_USE_POOLS                   1
+#define MEMP_USE_CUSTOM_POOLS           1
+#define MEM_USE_POOLS_TRY_BIGGER_POOL   1
+#define MEM_SIZE                        0   /* unused with MEM_USE_POOLS */
 
 /* ---- protocols ----------------------------------------------------------------------------------- */
 #define LWIP_IPV4                       1
@@ -107,7 +109,6 @@
 #define MEMP_NUM_TCPIP_MSG_API          0
 #define MEMP_NUM_TCPIP_MSG_INPKT        0
 /* The stack's own pool of custom-pbuf wrappers (one per RX mbuf held by lwIP) is declared in stack/. */
-#define MEMP_USE_CUSTOM_POOLS           0
 
 /* ---- netif ---------------------------------------------------------------------------------------- */
 #define LWIP_NETIF_STATUS_CALLBACK      0

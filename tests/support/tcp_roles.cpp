@@ -125,6 +125,8 @@ struct StreamSource : TcpConnection::Handler {
     bool remote_closed = false;
     std::string error;
     std::array<std::byte, 65535> chunk{};  // tcp_write's largest single call
+    std::uint64_t chunk_offset = ~0ull;    // stream offset chunk holds the pattern of, and how much
+    std::size_t chunk_len = 0;
 
     void pump() {
         if (!connected || fin_sent || !conn || !conn->open()) return;
@@ -138,7 +140,11 @@ struct StreamSource : TcpConnection::Handler {
             const std::size_t n = std::min<std::uint64_t>(chunk.size(), total - sent);
             const std::size_t room = std::min(n, conn->send_space());
             if (room == 0) break;
-            fill_pattern(seed, sent, std::span(chunk).first(room));
+            if (chunk_offset != sent || chunk_len < room) {  // a refused write keeps its chunk for the retry
+                fill_pattern(seed, sent, std::span(chunk).first(room));
+                chunk_offset = sent;
+                chunk_len = room;
+            }
             const std::size_t took = conn->write(std::span(chunk).first(room));
             sent += took;
             if (took < room) break;  // back-pressure: more after on_sent (or the next pump)
