@@ -1,9 +1,11 @@
 // SPDX-License-Identifier: MIT
 #include "io/eal.hpp"
 
+#include <sched.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -56,6 +58,24 @@ bool eal_without_hugepages() noexcept { return g_no_huge; }
 void start_eal(const EalConfig& cfg) {
     if (g_started.exchange(true)) throw Error("DPDK EAL already started in this process (it cannot start twice)");
 
+    // Check the core list ourselves: DPDK answers a bad one with its whole usage text.
+    if (!cfg.lcores.empty()) {
+        cpu_set_t set;
+        CPU_ZERO(&set);
+        sched_getaffinity(0, sizeof set, &set);
+        std::size_t pos = 0;
+        while (pos < cfg.lcores.size()) {
+            const std::size_t end = cfg.lcores.find_first_of(",-", pos);
+            const std::string num = cfg.lcores.substr(pos, end == std::string::npos ? std::string::npos : end - pos);
+            char* rest = nullptr;
+            const unsigned long core = std::strtoul(num.c_str(), &rest, 10);
+            if (num.empty() || *rest != '\0' || core >= CPU_SETSIZE || !CPU_ISSET(core, &set))
+                throw Error("core list '" + cfg.lcores + "': core '" + num + "' is not available to this process (" +
+                            std::to_string(CPU_COUNT(&set)) + " cores; see nproc)");
+            if (end == std::string::npos) break;
+            pos = end + 1;
+        }
+    }
     std::vector<std::string> args{"softrdma"};
     if (!cfg.lcores.empty()) args.insert(args.end(), {"-l", cfg.lcores});
     else args.insert(args.end(), {"-l", "0"});

@@ -22,8 +22,8 @@ namespace {
 constexpr std::uint32_t kEthHeader = 14 + 4;  // Ethernet header + one VLAN tag of slack
 constexpr unsigned kPoolCache = 256;          // per-lcore mempool cache (DPDK's recommended size)
 // Frames the TCP stack may hold at once outside the driver's rings: RX frames wrapped as pbufs sitting in
-// receive queues and out-of-order queues (bounded per pcb by TCP_OOSEQ_MAX_PBUFS in lwipopts.h) plus TX
-// frames being built. Busy connections consume their data promptly; beyond this, RX drops and TCP resends.
+// receive queues and out-of-order queues (bounded per pcb by TCP_OOSEQ_MAX_PBUFS in lwipopts.h) plus its
+// TX queue (stack::Stack::kTxQueue = 1024). Busy connections consume their data promptly; beyond this, RX drops and TCP resends.
 constexpr std::uint32_t kStackHeldFrames = 4096;
 
 std::string format_mac(const MacAddress& m) {
@@ -52,7 +52,7 @@ DeviceArgs device_args(const PortConfig& cfg) {
         const unsigned bsize = cfg.mtu + kEthHeader > 2048 ? 10240 : 2048;
         return {name + ",role=" + (cfg.memif_server ? "server" : "client") + ",id=" +
                     std::to_string(cfg.memif_id) + ",socket=" + cfg.memif_socket + ",mac=" + format_mac(mac) +
-                    ",bsize=" + std::to_string(bsize),
+                    ",bsize=" + std::to_string(bsize) + ",rsize=11",  // 2048 slots per direction
                 name};
     }
     case Backend::af_packet: {
@@ -240,9 +240,16 @@ std::unique_ptr<Port> open_port(const PortConfig& cfg, const EalConfig& eal_cfg)
             throw Error("DPDK could not create device '" + dev.args + "' (unknown driver or bad arguments)");
     }
     std::uint16_t id = 0;
-    if (rte_eth_dev_get_port_by_name(dev.name.c_str(), &id) != 0)
-        throw Error("DPDK created no port named '" + dev.name + "' from '" + dev.args +
-                    "' (known backends: memif, af_packet, ring; for a PCI NIC bind it to a DPDK driver first)");
+    if (rte_eth_dev_get_port_by_name(dev.name.c_str(), &id) != 0) {
+        std::string hint;
+        switch (cfg.backend) {
+        case Backend::af_packet: hint = "does the af_packet interface '" + cfg.iface + "' exist here (ip link)?"; break;
+        case Backend::memif: hint = "check the memif socket path and permissions"; break;
+        default: hint = "known vdev drivers: net_memif, net_af_packet, net_ring; a PCI NIC must be bound to a DPDK "
+                        "driver (vfio-pci) first";
+        }
+        throw Error("DPDK created no port named '" + dev.name + "' from '" + dev.args + "': " + hint);
+    }
     std::unique_ptr<Port> port(new Port(id, dev.name, cfg));
     port->start(cfg);
     spdlog::info("softrdma: port {} up, MAC {}, MTU {}, {} mbufs{}", port->name(), to_string(port->mac()),
@@ -250,7 +257,8 @@ std::unique_ptr<Port> open_port(const PortConfig& cfg, const EalConfig& eal_cfg)
     return port;
 }
 
-std::array<std::unique_ptr<Port>, 2> open_ring_pair(const PortConfig& cfg, const EalConfig& eal) {
+std::array<std::unique_ptr<Port>, 2> open_ring_pair(const PortConfig& cfg_a, const PortConfig& cfg_b,
+                                                    const EalConfig& eal) {
     if (!eal_started()) start_eal(eal);
     // Two rings crossed: port A sends into ab and receives from ba; port B the other way round.
     const unsigned size = 4096;  // >= TX descriptors of one side + a burst, power of two
@@ -263,9 +271,10 @@ std::array<std::unique_ptr<Port>, 2> open_ring_pair(const PortConfig& cfg, const
     const int b = rte_eth_from_rings(("sr_ring_b" + tag).c_str(), &ab, 1, &ba, 1, rte_socket_id());
     if (a < 0 || b < 0) throw Error("cannot create net_ring ports");
     std::array<std::unique_ptr<Port>, 2> ports{
-        std::unique_ptr<Port>(new Port(static_cast<std::uint16_t>(a), "sr_ring_a" + tag, cfg)),
-        std::unique_ptr<Port>(new Port(static_cast<std::uint16_t>(b), "sr_ring_b" + tag, cfg))};
-    for (auto& p : ports) p->start(cfg);
+        std::unique_ptr<Port>(new Port(static_cast<std::uint16_t>(a), "sr_ring_a" + tag, cfg_a)),
+        std::unique_ptr<Port>(new Port(static_cast<std::uint16_t>(b), "sr_ring_b" + tag, cfg_b))};
+    ports[0]->start(cfg_a);
+    ports[1]->start(cfg_b);
     return ports;
 }
 

@@ -107,7 +107,8 @@ public:
 
 private:
     friend std::unique_ptr<Port> open_port(const PortConfig&, const EalConfig&);
-    friend std::array<std::unique_ptr<Port>, 2> open_ring_pair(const PortConfig&, const EalConfig&);
+    friend std::array<std::unique_ptr<Port>, 2> open_ring_pair(const PortConfig&, const PortConfig&,
+                                                               const EalConfig&);
     Port(std::uint16_t port_id, std::string name, const PortConfig& cfg);
     void start(const PortConfig& cfg);
     void wait_link(std::chrono::milliseconds timeout);
@@ -134,8 +135,9 @@ private:
 std::unique_ptr<Port> open_port(const PortConfig& port, const EalConfig& eal = {});
 
 // Two ports inside this process wired back to back through rte_rings (net_ring): what one sends, the
-// other receives. For tests of io itself.
-std::array<std::unique_ptr<Port>, 2> open_ring_pair(const PortConfig& port, const EalConfig& eal = {});
+// other receives. For tests of io itself. Each port has its own config (MTU, capture file...).
+std::array<std::unique_ptr<Port>, 2> open_ring_pair(const PortConfig& a, const PortConfig& b,
+                                                    const EalConfig& eal = {});
 
 // "02:00:00:00:00:01"-style text for logs.
 std::string to_string(const MacAddress& mac);
