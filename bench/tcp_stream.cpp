@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include <spdlog/spdlog.h>
+
 #include "tests/support/processes.hpp"
 #include "tests/support/tcp_roles.hpp"
 
@@ -49,6 +51,7 @@ int main(int argc, char** argv) {
         }
     }
     if (mtus.empty()) mtus = {1500, 9000};
+    if (!verbose) spdlog::set_level(spdlog::level::warn);  // the children inherit it
     std::printf("# lwIP TCP over DPDK memif, two processes (receiver core 0, sender core 1), %llu MiB x %u "
                 "connection(s), content verified\n", static_cast<unsigned long long>(mib), connections);
     std::printf("%-6s %-5s %12s %12s %12s\n", "MTU", "runs", "median MB/s", "min MB/s", "max MB/s");
