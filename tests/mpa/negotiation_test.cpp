@@ -212,6 +212,8 @@ TEST_CASE("negotiation: our responder answers siw byte-exactly (rping, rping_crc
     };
     const Case cases[] = {
         {"4d504120494420526571204672616d651002000400010001", "4d504120494420526570204672616d651002000400010001", false, false},
+        // rping_crc.pcapng and rping_crcreq.pcapng (stock siw server, client requiring CRC): our responder has
+        // CRC policy off, like stock siw, and follows the request's C.
         {"4d504120494420526571204672616d655002000400010001", "4d504120494420526570204672616d655002000400010001", false, true},
         {"4d504120494420526571204672616d65100200048001c001", "4d504120494420526570204672616d651002000480018001", true, false},
     };
