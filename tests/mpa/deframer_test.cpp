@@ -486,3 +486,42 @@ TEST_CASE("deframer: real siw FPDUs from rping_crc.pcapng", "[deframer][captures
         CHECK(r.done[1].payload.size() == 0x4e - 14);
     }
 }
+
+TEST_CASE("deframer: a Marker at every 4-aligned position of an FPDU (header, payload, pad, before CRC)", "[deframer][markers]") {
+    // Starting the stream at every 4-aligned offset below 512 moves the Marker across every position of the
+    // FPDUs: inside the ULPDU header (even right after the control word), payload, pad, just before the CRC,
+    // and at the FPDU start. The length field and the CRC are 4-aligned, so a Marker never splits them.
+    std::mt19937 rng(77);
+    for (bool crc : {false, true}) {
+        for (std::uint64_t offset = 0; offset < kMarkerInterval; offset += 4) {
+            FpduTx tx({crc, true, 1448}, offset);
+            std::vector<std::byte> wire;
+            std::vector<Ulpdu> want;
+            for (std::size_t plen : {0u, 1u, 2u, 3u, 61u, 130u}) {
+                Ulpdu u{make_header(plen == 0 ? 0x4141 : 0x4143, rng), softrdma::mpa::test::random_bytes(rng, plen)};
+                std::vector<std::byte> out(tx.wire_size(u.header.size() + plen));
+                REQUIRE(tx.write(out, u.header, u.payload) == out.size());
+                wire.insert(wire.end(), out.begin(), out.end());
+                want.push_back(std::move(u));
+            }
+            CAPTURE(crc, offset);
+            std::vector<std::size_t> bytewise;
+            for (std::size_t i = 1; i < wire.size(); ++i) bytewise.push_back(i);
+            for (const auto& cuts : {std::vector<std::size_t>{}, bytewise}) {
+                Recorder r;
+                Deframer<Recorder> d({crc, true, offset});
+                REQUIRE_FALSE(feed_cuts(d, r, wire, cuts));
+                REQUIRE(r.done == want);
+            }
+            // A wrong Marker anywhere is caught: corrupt the first Marker's FPDUPTR.
+            const std::size_t first_marker = static_cast<std::size_t>((kMarkerInterval - offset) % kMarkerInterval);
+            if (first_marker + 4 <= wire.size()) {
+                auto bad = wire;
+                bad[first_marker + 3] ^= std::byte{0x04};
+                Recorder r;
+                Deframer<Recorder> d({crc, true, offset});
+                REQUIRE(feed_cuts(d, r, bad, {first_marker + 1}) == ProtoStatus{kTermMarker});
+            }
+        }
+    }
+}
