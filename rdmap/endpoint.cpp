@@ -11,6 +11,9 @@
 
 namespace softrdma::rdmap {
 
+// Atomics run on the target word with a lock-free atomic_ref: no lock on the data path.
+static_assert(std::atomic_ref<std::uint64_t>::is_always_lock_free);
+
 namespace {
 
 // RFC 5040 section 4.8 says which headers a TERMINATE carries; like siw we attach

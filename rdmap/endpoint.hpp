@@ -76,8 +76,13 @@ class Endpoint {
 public:
     // `upper` and `framer` are borrowed and must outlive the endpoint.
     Endpoint(Upper& upper, Framer& framer, Config cfg);
+    Endpoint(const Endpoint&) = delete;
+    Endpoint& operator=(const Endpoint&) = delete;
 
     // ---- TX ------------------------------------------------------------------------------------------------
+    // Queues a work request (copied). Its completion comes when its last FPDU has been written by pull_tx()
+    // (SEND, WRITE: handed to TCP, as siw), when the last READ response segment arrives (READ), or when the
+    // Atomic Response arrives; unsignaled WRs complete silently unless flushed.
     PostStatus post(const WorkRequest& wr);
     // Writes as many whole FPDUs as fit into `out` (caller-owned; nothing written past out.size()), returns the
     // byte count. 0 when nothing is ready or the next FPDU does not fit.
