@@ -480,3 +480,60 @@ TEST_CASE("negotiation: partial writes of the output", "[negotiation]") {
     CHECK(i.output().size() == 19);
     CHECK(i.output()[0] == std::byte{'D'});  // "MPA ID Req Frame": index 5
 }
+
+namespace {
+struct Sink {
+    std::vector<std::vector<std::byte>> payloads;
+    std::size_t ulpdu_header_length(std::uint16_t) { return 14; }
+    softrdma::ProtoStatus on_ulpdu_header(std::span<const std::byte>, std::size_t) {
+        payloads.emplace_back();
+        return std::nullopt;
+    }
+    softrdma::ProtoStatus on_ulpdu_payload(std::span<const std::byte> b) {
+        payloads.back().insert(payloads.back().end(), b.begin(), b.end());
+        return std::nullopt;
+    }
+    softrdma::ProtoStatus on_ulpdu_end() { return std::nullopt; }
+};
+}  // namespace
+
+TEST_CASE("negotiation: agreed modes drive FpduTx and Deframer end to end", "[negotiation]") {
+    for (int mode = 0; mode < 8; ++mode) {
+        NegotiationConfig ic, rc;
+        ic.crc = (mode & 1) ? CrcPolicy::preferred : CrcPolicy::off;
+        ic.markers_rx = mode & 2;
+        rc.markers_rx = mode & 4;
+        Initiator i(ic);
+        Responder r(rc);
+        i.start(t0);
+        r.start(t0);
+        r.input(take_output(i), t0);
+        REQUIRE(r.accept({}, 1, 1));
+        // The reply and the responder's first FPDUs arrive in one read (the initiator sent its first FPDU).
+        auto stream = take_output(r);
+        const std::size_t reply_size = stream.size();
+        FpduTx rtx(tx_config(r.agreed(), 1448));
+        std::vector<std::byte> hdr(14, std::byte{0xC1}), pl(3000, std::byte{0x42});
+        for (std::size_t off = 0; off < pl.size();) {
+            const std::size_t k = std::min(rtx.mulpdu() - hdr.size(), pl.size() - off);
+            std::vector<std::byte> out(rtx.wire_size(hdr.size() + k));
+            REQUIRE(out.size() <= 1448);
+            REQUIRE(rtx.write(out, hdr, std::span<const std::byte>(pl.data() + off, k)) == out.size());
+            stream.insert(stream.end(), out.begin(), out.end());
+            off += k;
+        }
+        const std::size_t used = i.input(stream, t0);
+        REQUIRE(i.outcome() == Outcome::agreed);
+        REQUIRE(used == reply_size);
+        CHECK(i.agreed().crc == bool(mode & 1));
+        CHECK(i.agreed().markers_rx == bool(mode & 2));
+        CHECK(r.agreed().markers_tx == bool(mode & 2));
+        Sink s;
+        Deframer<Sink> d(rx_config(i.agreed()));
+        REQUIRE_FALSE(d.feed(std::span(stream).subspan(used), s));
+        std::vector<std::byte> got;
+        for (const auto& p : s.payloads) got.insert(got.end(), p.begin(), p.end());
+        CHECK(got == pl);
+        CHECK(d.at_fpdu_boundary());
+    }
+}
