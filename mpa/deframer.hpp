@@ -73,6 +73,7 @@ public:
     explicit Deframer(const DeframerConfig& cfg)
         : crc_on_(cfg.crc),
           markers_(cfg.markers),
+          head_crc_at_once_(cfg.crc && !cfg.markers),
           pos_(cfg.stream_offset),
           fpdu_start_(cfg.stream_offset),
           next_marker_((cfg.stream_offset + kMarkerInterval - 1) / kMarkerInterval * kMarkerInterval) {}
@@ -97,11 +98,18 @@ private:
     void crc(const std::byte* p, std::size_t n) {
         if (crc_on_) crc_ = crc32c_update(crc_, p, n);
     }
+    // Length field and ULPDU header octets: without Markers they are contiguous in head_, so their CRC is
+    // taken in one call when the header is complete (one call per FPDU instead of one per piece).
+    void head_crc(const std::byte* p, std::size_t n) {
+        if (!head_crc_at_once_) crc(p, n);
+    }
+    std::byte* hdr() { return head_.data() + kLengthFieldSize; }
     // Called with the 2 control bytes staged; decides the header length.
     ProtoStatus on_control(H& h);
 
     const bool crc_on_;
     const bool markers_;
+    const bool head_crc_at_once_;
     State state_ = State::length;
     std::uint64_t pos_;
     std::uint64_t fpdu_start_;   // stream position of the current FPDU's first octet
@@ -117,18 +125,17 @@ private:
     std::size_t trailer_got_ = 0;
     std::size_t marker_got_ = 0;
     ProtoStatus error_{};
-    std::array<std::byte, kLengthFieldSize> len_buf_{};
     std::array<std::byte, kMarkerSize> marker_buf_{};
     std::array<std::byte, 3 + kCrcFieldSize> trailer_{};
-    alignas(8) std::array<std::byte, kMaxUlpduHeader> hdr_{};
+    alignas(8) std::array<std::byte, kLengthFieldSize + kMaxUlpduHeader> head_{};  // length field, ULPDU header
 };
 
 template <UlpduHandler H>
 ProtoStatus Deframer<H>::on_control(H& h) {
-    const std::uint16_t ctrl = wire::get_be16(hdr_.data());
+    const std::uint16_t ctrl = wire::get_be16(hdr());
     const std::size_t hl = h.ulpdu_header_length(ctrl);
     if (hl == 0) {
-        if (ProtoStatus st = h.on_ulpdu_header(std::span<const std::byte>(hdr_.data(), 2), 0)) return fail(*st);
+        if (ProtoStatus st = h.on_ulpdu_header(std::span<const std::byte>(hdr(), 2), 0)) return fail(*st);
         return fail((ctrl & 0x8000u) ? kTermDdpTaggedInvalid : kTermDdpUntaggedInvalid);
     }
     if (hl < 2 || hl > kMaxUlpduHeader) return fail(kTermLocalCatastrophic);  // handler broke its contract
@@ -168,14 +175,14 @@ ProtoStatus Deframer<H>::feed(std::span<const std::byte> in, H& h) {
         switch (state_) {
         case State::length: {
             const std::size_t k = std::min(avail, kLengthFieldSize - len_got_);
-            std::memcpy(len_buf_.data() + len_got_, p, k);
-            crc(p, k);
+            std::memcpy(head_.data() + len_got_, p, k);
+            head_crc(p, k);
             len_got_ += k;
             p += k;
             n -= k;
             pos_ += k;
             if (len_got_ < kLengthFieldSize) break;
-            ulpdu_len_ = wire::get_be16(len_buf_.data());
+            ulpdu_len_ = wire::get_be16(head_.data());
             if (ulpdu_len_ < 2) return fail(kTermBadUlpduLength);  // no room for the DDP control word
             pad_ = pad_length(ulpdu_len_);
             hdr_len_ = 2;
@@ -186,8 +193,8 @@ ProtoStatus Deframer<H>::feed(std::span<const std::byte> in, H& h) {
         }
         case State::header: {
             const std::size_t k = std::min(avail, hdr_len_ - hdr_got_);
-            std::memcpy(hdr_.data() + hdr_got_, p, k);
-            crc(p, k);
+            std::memcpy(hdr() + hdr_got_, p, k);
+            head_crc(p, k);
             hdr_got_ += k;
             p += k;
             n -= k;
@@ -198,7 +205,8 @@ ProtoStatus Deframer<H>::feed(std::span<const std::byte> in, H& h) {
                 if (hdr_got_ < hdr_len_) break;
             }
             payload_rem_ = ulpdu_len_ - hdr_len_;
-            if (ProtoStatus st = h.on_ulpdu_header(std::span<const std::byte>(hdr_.data(), hdr_len_), payload_rem_))
+            if (head_crc_at_once_) crc_ = crc32c_update(crc_, head_.data(), kLengthFieldSize + hdr_len_);
+            if (ProtoStatus st = h.on_ulpdu_header(std::span<const std::byte>(hdr(), hdr_len_), payload_rem_))
                 return fail(*st);
             trailer_got_ = 0;
             state_ = payload_rem_ != 0 ? State::payload : State::trailer;
