@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// Benchmark (meson test --benchmark --suite mpa): deframe + CRC + placement of 64 KiB messages sent as
+// Benchmark (build/bench/mpa_deframe_bench): deframe + CRC + placement of 64 KiB messages sent as
 // MULPDU-sized FPDUs (EMSS 1448, tagged header 14, 1428 payload octets each) fed in 1448-octet segments, with a
 // plain handler (deframer CRCs each chunk, handler memcpy's it) and a fusing handler (crc32c_copy). Reports
 // payload GB/s per core of thread CPU time, so that other load on the machine does not skew it.
