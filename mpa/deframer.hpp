@@ -151,6 +151,45 @@ ProtoStatus Deframer<H>::feed(std::span<const std::byte> in, H& h) {
     const std::byte* p = in.data();
     std::size_t n = in.size();
     while (n != 0) {
+        // Fast path: a whole FPDU lies in the input (the usual case: one or more FPDUs per TCP segment) and no
+        // Markers: header, payload and trailer are read in place, with no staging and no state steps.
+        // Anything unusual (a bad length or control word) falls through to the state machine below, which
+        // reports it exactly as for a cut stream.
+        if (!markers_ && state_ == State::length && len_got_ == 0 && n >= kLengthFieldSize) {
+            const std::uint16_t ulen = wire::get_be16(p);
+            const std::size_t pad = pad_length(ulen);
+            const std::size_t total = kLengthFieldSize + ulen + pad + kCrcFieldSize;
+            const std::size_t hl = ulen >= 2 && n >= total ? h.ulpdu_header_length(wire::get_be16(p + 2)) : 0;
+            if (hl >= 2 && hl <= kMaxUlpduHeader && hl <= ulen) {
+                std::uint32_t c = kCrc32cInit;
+                if (crc_on_) c = crc32c_update(c, p, kLengthFieldSize + hl);
+                const std::span<const std::byte> payload(p + kLengthFieldSize + hl, ulen - hl);
+                if (ProtoStatus st = h.on_ulpdu_header(std::span<const std::byte>(p + kLengthFieldSize, hl),
+                                                       payload.size()))
+                    return fail(*st);
+                if (!payload.empty()) {
+                    ProtoStatus st;
+                    if constexpr (CrcFusingHandler<H>) {
+                        st = crc_on_ ? h.on_ulpdu_payload_crc(payload, c) : h.on_ulpdu_payload(payload);
+                    } else {
+                        if (crc_on_) c = crc32c_update(c, payload.data(), payload.size());
+                        st = h.on_ulpdu_payload(payload);
+                    }
+                    if (st) return fail(*st);
+                }
+                const std::byte* trailer = p + kLengthFieldSize + ulen;
+                if (crc_on_) {
+                    if (pad != 0) c = crc32c_update(c, trailer, pad);
+                    if (load_crc32c(trailer + pad) != crc32c_final(c)) return fail(kTermCrc);
+                }
+                if (ProtoStatus st = h.on_ulpdu_end()) return fail(*st);
+                p += total;
+                n -= total;
+                pos_ += total;
+                fpdu_start_ = pos_;
+                continue;
+            }
+        }
         // Markers first: RFC 5044 section 4.3. They are part of the FPDU they sit in (and of its CRC).
         if (markers_ && (marker_got_ != 0 || pos_ == next_marker_)) {
             const std::size_t k = std::min(n, kMarkerSize - marker_got_);
