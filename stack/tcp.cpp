@@ -127,6 +127,10 @@ std::size_t TcpConnection::write_ref(std::span<const std::byte> data) noexcept {
 
 std::size_t TcpConnection::send_space() const noexcept { return pcb_ != nullptr ? tcp_sndbuf(pcb_) : 0; }
 
+std::uint16_t TcpConnection::mss() const noexcept { return pcb_ != nullptr ? tcp_mss(pcb_) : 0; }
+
+bool TcpConnection::tx_segment_boundary() const noexcept { return pcb_ != nullptr && pcb_->unsent == nullptr; }
+
 void TcpConnection::flush() noexcept {
     stack_.assert_owner();
     if (pcb_ != nullptr) tcp_output(pcb_);

@@ -92,6 +92,13 @@ public:
     std::size_t write_ref(std::span<const std::byte> data) noexcept;
     std::size_t send_space() const noexcept;
     void flush() noexcept;
+    // Effective MSS of the connection (TCP payload octets per segment, both sides' MSS options applied);
+    // 0 when closed. MPA sizes its FPDUs from it (RFC 5044 MULPDU).
+    std::uint16_t mss() const noexcept;
+    // True when lwIP holds no unsent segment for this connection: the next write() starts a new segment
+    // (lwIP appends a write to a partly filled unsent segment otherwise). MPA writes whole FPDUs only then,
+    // so no FPDU is cut across two segments.
+    bool tx_segment_boundary() const noexcept;
 
     // Orderly close of both directions (FIN). The connection object may be destroyed right after; lwIP
     // finishes the close on its own. Returns false if lwIP had no memory to queue the FIN (try again).

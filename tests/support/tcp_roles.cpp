@@ -43,31 +43,7 @@ Env start(const PeerConfig& cfg) {
     return env;
 }
 
-// Waits for every connection to finish closing, drops TIME_WAIT, and compares pools with the start.
-int finish(Env& env, int rc) {
-    env.stack->run_until([&] { return env.stack->active_pcbs() == 0; }, 10s);
-    // A little longer: the last ACK of the peer's close must go out.
-    env.stack->run_until([] { return false; }, 20ms);
-    env.stack->purge_time_wait();
-    // lwIP's TCP timer stops re-arming itself one tick after the last pcb is gone.
-    env.stack->run_until([] { return false; }, 30ms);
-    const std::string diff = env.baseline.diff(env.stack->pool_usage());
-    if (!diff.empty()) {
-        report("pools not back to start: " + diff);
-        rc = rc == 0 ? 3 : rc;
-    } else {
-        report("pools back to start");
-    }
-    const auto& c = env.stack->counters();
-    report("stack rx_frames=" + std::to_string(c.rx_frames) + " rx_dropped=" + std::to_string(c.rx_dropped) +
-           " tx_frames=" + std::to_string(c.tx_frames) + " tx_dropped=" + std::to_string(c.tx_dropped));
-    report(env.stack->protocol_counters());
-    const auto d = env.port->device_stats();
-    report("port tx_refused=" + std::to_string(env.port->counters().tx_refused) + " imissed=" +
-           std::to_string(d.imissed) + " ierrors=" + std::to_string(d.ierrors) + " rx_nombuf=" +
-           std::to_string(d.rx_nombuf) + " oerrors=" + std::to_string(d.oerrors));
-    return rc;
-}
+int finish(Env& env, int rc) { return finish_checks(*env.stack, *env.port, env.baseline, rc); }
 
 // Receives one stream: an 8-byte seed, then `bytes` of pattern(seed); closes after the peer's FIN.
 struct StreamSink : TcpConnection::Handler {
@@ -163,6 +139,32 @@ struct StreamSource : TcpConnection::Handler {
 };
 
 }  // namespace
+
+// Waits for every connection to finish closing, drops TIME_WAIT, and compares pools with the start.
+int finish_checks(stack::Stack& stack, io::Port& port, const stack::PoolUsage& baseline, int rc) {
+    stack.run_until([&] { return stack.active_pcbs() == 0; }, 10s);
+    // A little longer: the last ACK of the peer's close must go out.
+    stack.run_until([] { return false; }, 20ms);
+    stack.purge_time_wait();
+    // lwIP's TCP timer stops re-arming itself one tick after the last pcb is gone.
+    stack.run_until([] { return false; }, 30ms);
+    const std::string diff = baseline.diff(stack.pool_usage());
+    if (!diff.empty()) {
+        report("pools not back to start: " + diff);
+        rc = rc == 0 ? 3 : rc;
+    } else {
+        report("pools back to start");
+    }
+    const auto& c = stack.counters();
+    report("stack rx_frames=" + std::to_string(c.rx_frames) + " rx_dropped=" + std::to_string(c.rx_dropped) +
+           " tx_frames=" + std::to_string(c.tx_frames) + " tx_dropped=" + std::to_string(c.tx_dropped));
+    report(stack.protocol_counters());
+    const auto d = port.device_stats();
+    report("port tx_refused=" + std::to_string(port.counters().tx_refused) + " imissed=" +
+           std::to_string(d.imissed) + " ierrors=" + std::to_string(d.ierrors) + " rx_nombuf=" +
+           std::to_string(d.rx_nombuf) + " oerrors=" + std::to_string(d.oerrors));
+    return rc;
+}
 
 std::pair<PeerConfig, PeerConfig> memif_pair(std::uint16_t mtu) {
     PeerConfig s, c;

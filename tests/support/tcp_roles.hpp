@@ -23,6 +23,12 @@ struct PeerConfig {
 // Two memif peers on a fresh socket: [0] server on core 0, [1] client on core 1.
 std::pair<PeerConfig, PeerConfig> memif_pair(std::uint16_t mtu = 1500);
 
+// The end of every two-process role: waits for every connection to finish closing, drops TIME_WAIT, compares
+// lwIP's pools and DPDK's mempool with `baseline` (taken right after the stack was built), reports
+// "pools back to start" or what differs plus the stack/port counters. Returns rc, or 3 if rc was 0 and the
+// pools differ.
+int finish_checks(stack::Stack& stack, io::Port& port, const stack::PoolUsage& baseline, int rc);
+
 // Listens on cfg.tcp_port, accepts `connections` streams of `bytes` each (after an 8-byte seed header),
 // verifies every byte, closes each after the peer's FIN. Reports "rx_bytes=N seconds=S MBps=M".
 int stream_server(const PeerConfig& cfg, std::uint64_t bytes, unsigned connections);

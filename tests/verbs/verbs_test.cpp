@@ -1,0 +1,486 @@
+// SPDX-License-Identifier: MIT
+// verbs between two processes over memif (run-to-completion mode): each child opens its own Context (EAL,
+// port, lwIP), connects through the CM, runs its part, disconnects, and ends checking that lwIP's pools and
+// DPDK's mempool are back to their starting counts (tests/support/tcp_roles.cpp: finish_checks()).
+// Every wait is bounded; a child that hangs is killed by run_roles at its deadline.
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <stdexcept>
+
+#include "ddp/header.hpp"
+#include "rdmap/messages.hpp"
+#include "tests/support/processes.hpp"
+#include "tests/support/tcp_roles.hpp"
+#include "verbs/verbs.hpp"
+
+using namespace softrdma;
+using namespace softrdma::test;
+using namespace std::chrono_literals;
+using verbs::WcOpcode;
+using verbs::WcStatus;
+
+namespace {
+
+constexpr auto kWait = 10s;
+
+// What each side tells the other in its MPA private data: one region.
+struct RemoteRegion {
+    std::uint64_t addr{0};
+    std::uint32_t rkey{0};
+    std::uint32_t length{0};
+};
+
+std::span<const std::byte> as_bytes(const RemoteRegion& r) { return {reinterpret_cast<const std::byte*>(&r), sizeof r}; }
+RemoteRegion region_from(const mpa::PrivateData& pd) {
+    RemoteRegion r;
+    if (pd.size != sizeof r) throw std::runtime_error("private data of " + std::to_string(pd.size) + " bytes");
+    std::memcpy(&r, pd.bytes.data(), sizeof r);
+    return r;
+}
+
+std::string term_str(const TermCode& c) {
+    return "layer=" + std::to_string(static_cast<int>(c.layer)) + " etype=" + std::to_string(c.etype) +
+           " ecode=" + std::to_string(c.ecode);
+}
+
+// One side: context, PD, CQ, QP, a buffer registered as one MR.
+struct Peer {
+    const PeerConfig& cfg;
+    std::unique_ptr<verbs::Context> ctx;
+    stack::PoolUsage baseline;
+    std::unique_ptr<verbs::ProtectionDomain> pd;
+    std::unique_ptr<verbs::CompletionQueue> cq;
+    std::unique_ptr<verbs::QueuePair> qp;
+    std::vector<std::byte> buf;
+    std::unique_ptr<verbs::MemoryRegion> mr;
+    std::unique_ptr<verbs::CmListener> listener;
+    std::unique_ptr<verbs::CmId> id;
+    bool disconnected = false;
+    RemoteRegion remote{};
+
+    Peer(const PeerConfig& c, std::size_t bytes, std::uint32_t access) : cfg(c) {
+        verbs::ContextConfig cc;
+        cc.port = cfg.port;
+        cc.eal = cfg.eal;
+        cc.stack = cfg.stack;
+        cc.max_mr = 64;
+        cc.max_qp = 8;
+        ctx = verbs::Context::open(cc);
+        baseline = ctx->stack().pool_usage();
+        pd = ctx->alloc_pd();
+        cq = ctx->create_cq(512);
+        qp = pd->create_qp({.send_cq = cq.get(), .recv_cq = cq.get(), .cap = {.max_send_wr = 128, .max_recv_wr = 128}});
+        buf.resize(bytes);
+        mr = pd->reg_mr(buf, access);
+    }
+
+    RemoteRegion local() const {
+        return {mr->addr(), mr->rkey(), static_cast<std::uint32_t>(mr->length())};
+    }
+
+    verbs::CmEvent wait_event(verbs::CmEventType want) {
+        auto ev = ctx->wait_cm_event(kWait);
+        if (!ev) throw std::runtime_error(std::string("no CM event (wanted ") + verbs::to_string(want) + ")");
+        if (ev->type == verbs::CmEventType::disconnected) disconnected = true;
+        if (ev->type != want)
+            throw std::runtime_error(std::string("CM event ") + verbs::to_string(ev->type) + " (" + ev->reason +
+                                     "), wanted " + verbs::to_string(want));
+        return std::move(*ev);
+    }
+
+    // Server: listen, take the request, accept with our region in the private data.
+    void serve(std::uint16_t ird = 16) {
+        listener = ctx->listen(cfg.tcp_port);
+        auto ev = wait_event(verbs::CmEventType::connect_request);
+        remote = region_from(ev.private_data);
+        id = std::move(ev.request);
+        const RemoteRegion me = local();
+        if (!id->accept(*qp, {.private_data = as_bytes(me), .responder_resources = ird, .initiator_depth = 16}))
+            throw std::runtime_error("accept refused");
+        wait_event(verbs::CmEventType::established);
+    }
+    // Client: connect with our region, wait for established, read the server's region.
+    void connect(bool p2p = false) {
+        const RemoteRegion me = local();
+        id = ctx->connect(cfg.peer, cfg.tcp_port, *qp, {.private_data = as_bytes(me), .peer_to_peer = p2p});
+        auto ev = wait_event(verbs::CmEventType::established);
+        remote = region_from(ev.private_data);
+    }
+
+    void post_recv(std::uint64_t wr_id, std::size_t offset, std::uint32_t len) {
+        const verbs::Sge sge = mr->sge(offset, len);
+        const verbs::RecvWr wr{.wr_id = wr_id, .sg_list = {&sge, 1}};
+        const auto r = qp->post_recv({&wr, 1});
+        if (!r.ok()) throw std::runtime_error(std::string("post_recv: ") + verbs::to_string(r.err));
+    }
+    void post_send(const verbs::SendWr& wr) {
+        const auto r = qp->post_send({&wr, 1});
+        if (!r.ok()) throw std::runtime_error(std::string("post_send: ") + verbs::to_string(r.err));
+    }
+
+    // Polls until n completions or the time limit; throws on a short count.
+    std::vector<verbs::WorkCompletion> wait_wc(std::size_t n) {
+        std::vector<verbs::WorkCompletion> out;
+        std::array<verbs::WorkCompletion, 16> batch;
+        ctx->run_until(
+            [&] {
+                const std::size_t k = cq->poll(std::span(batch).first(std::min(batch.size(), n - out.size())));
+                out.insert(out.end(), batch.begin(), batch.begin() + static_cast<std::ptrdiff_t>(k));
+                return out.size() >= n;
+            },
+            kWait);
+        if (out.size() < n)
+            throw std::runtime_error("completions: " + std::to_string(out.size()) + " of " + std::to_string(n) +
+                                     ", QP " + verbs::to_string(qp->state()));
+        return out;
+    }
+    static void expect(const verbs::WorkCompletion& wc, WcStatus st, WcOpcode op, std::uint64_t wr_id) {
+        if (wc.status != st || wc.opcode != op || wc.wr_id != wr_id)
+            throw std::runtime_error("completion wr_id " + std::to_string(wc.wr_id) + " status " +
+                                     verbs::to_string(wc.status) + " opcode " + std::to_string(static_cast<int>(wc.opcode)) +
+                                     ", wanted wr_id " + std::to_string(wr_id) + " " + verbs::to_string(st) +
+                                     " opcode " + std::to_string(static_cast<int>(op)));
+    }
+
+    // Orderly end, then the pool check. Waits (bounded) for the disconnected event.
+    int end(int rc) {
+        if (id && !disconnected) {
+            id->disconnect();
+            ctx->run_until([&] {
+                while (auto ev = ctx->get_cm_event())
+                    if (ev->type == verbs::CmEventType::disconnected) disconnected = true;
+                return disconnected;
+            }, kWait);
+        }
+        ctx->run_until([] { return false; }, 50ms);  // the peer's FIN and our last ACKs
+        if (cq->overruns() != 0) {
+            report("CQ overruns: " + std::to_string(cq->overruns()));
+            rc = rc == 0 ? 4 : rc;
+        }
+        id.reset();
+        listener.reset();
+        qp.reset();
+        mr.reset();
+        return finish_checks(ctx->stack(), ctx->port(), baseline, rc);
+    }
+};
+
+void check_outcomes(const std::vector<ChildOutcome>& out) {
+    for (const auto& o : out) {
+        INFO(o.name << " exit=" << o.exit_code << (o.timed_out ? " TIMED OUT" : "") << "\n" << o.report);
+        CHECK_FALSE(o.timed_out);
+        CHECK(o.exit_code == 0);
+        CHECK(o.report.find("pools back to start") != std::string::npos);
+    }
+}
+
+std::vector<ChildOutcome> run_pair(const std::function<int(const PeerConfig&)>& server,
+                                   const std::function<int(const PeerConfig&)>& client) {
+    auto [s, c] = memif_pair();
+    return run_roles({{"server", [&, s = s] { return server(s); }},
+                      {"client", [&, c = c] { return client(c); }, 200ms}},
+                     90s);
+}
+
+constexpr std::uint32_t kAll = verbs::access::local_write | verbs::access::remote_write |
+                               verbs::access::remote_read | verbs::access::remote_atomic;
+
+}  // namespace
+
+TEST_CASE("SEND/RECV ping-pong", "[verbs][memif]") {
+    constexpr int kRounds = 200;
+    constexpr std::uint32_t kLen = 64;
+    auto server = [](const PeerConfig& cfg) {
+        Peer p(cfg, 64 << 10, verbs::access::local_write);
+        for (int i = 0; i < 8; ++i) p.post_recv(1000 + i, kLen * i, kLen);
+        p.serve();
+        int next_recv = 8;
+        for (int i = 0; i < kRounds; ++i) {
+            auto wc = p.wait_wc(1);
+            Peer::expect(wc[0], WcStatus::success, WcOpcode::recv, 1000 + i);
+            if (wc[0].byte_len != kLen) throw std::runtime_error("ping length " + std::to_string(wc[0].byte_len));
+            const std::size_t at = kLen * (i % 8);
+            if (check_pattern(i, 0, std::span(p.buf).subspan(at, kLen)) >= 0) throw std::runtime_error("ping content");
+            // Echo the ping from where it landed (pattern i), then repost that receive.
+            const verbs::Sge sge = p.mr->sge(at + 32768, kLen);
+            std::memcpy(p.buf.data() + at + 32768, p.buf.data() + at, kLen);
+            p.post_send({.wr_id = 5000u + i, .opcode = verbs::WrOpcode::send, .send_flags = verbs::send_flags::signaled,
+                         .sg_list = {&sge, 1}});
+            Peer::expect(p.wait_wc(1)[0], WcStatus::success, WcOpcode::send, 5000u + i);
+            p.post_recv(1000 + next_recv, at, kLen);
+            ++next_recv;
+        }
+        report("server echoed " + std::to_string(kRounds));
+        return p.end(0);
+    };
+    auto client = [](const PeerConfig& cfg) {
+        Peer p(cfg, 64 << 10, verbs::access::local_write);
+        p.post_recv(1, 0, kLen);
+        p.connect();
+        for (int i = 0; i < kRounds; ++i) {
+            fill_pattern(i, 0, std::span(p.buf).subspan(1024, kLen));
+            const verbs::Sge sge = p.mr->sge(1024, kLen);
+            // Every other ping inline and unsignaled: its buffer is free at once and it completes silently.
+            const bool inl = i % 2 == 1;
+            p.post_send({.wr_id = 10u + i,
+                         .opcode = verbs::WrOpcode::send,
+                         .send_flags = inl ? verbs::send_flags::inline_data : verbs::send_flags::signaled,
+                         .sg_list = {&sge, 1}});
+            auto wcs = p.wait_wc(inl ? 1 : 2);
+            const auto& recv = wcs.back();
+            if (!inl) {
+                const auto& snd = wcs.front().opcode == WcOpcode::send ? wcs.front() : wcs.back();
+                Peer::expect(snd, WcStatus::success, WcOpcode::send, 10u + i);
+            }
+            const auto& r = wcs.front().opcode == WcOpcode::recv ? wcs.front() : recv;
+            Peer::expect(r, WcStatus::success, WcOpcode::recv, 1 + i);
+            if (r.byte_len != kLen || check_pattern(i, 0, std::span(p.buf).first(kLen)) >= 0)
+                throw std::runtime_error("pong content, round " + std::to_string(i));
+            p.post_recv(2 + i, 0, kLen);
+        }
+        report("client got " + std::to_string(kRounds) + " pongs");
+        return p.end(0);
+    };
+    check_outcomes(run_pair(server, client));
+}
+
+TEST_CASE("WRITE then verify, READ into a multi-SGE sink", "[verbs][memif]") {
+    constexpr std::uint32_t kBytes = 256 << 10;
+    auto server = [](const PeerConfig& cfg) {
+        Peer p(cfg, 2 * kBytes, kAll);
+        fill_pattern(77, 0, std::span(p.buf).subspan(kBytes, kBytes));  // second half: the READ source
+        p.post_recv(1, 0, 0);
+        p.serve();
+        // The client WRITEs the first half, then SENDs a zero-length "done".
+        Peer::expect(p.wait_wc(1)[0], WcStatus::success, WcOpcode::recv, 1);
+        if (const auto bad = check_pattern(42, 0, std::span(p.buf).first(kBytes)); bad >= 0)
+            throw std::runtime_error("WRITE content differs at " + std::to_string(bad));
+        report("WRITE verified");
+        p.post_recv(2, 0, 0);
+        Peer::expect(p.wait_wc(1)[0], WcStatus::success, WcOpcode::recv, 2);  // the client read everything
+        return p.end(0);
+    };
+    auto client = [](const PeerConfig& cfg) {
+        Peer p(cfg, 2 * kBytes, verbs::access::local_write);
+        p.connect();
+        // WRITE: gather from 3 SGEs (pattern 42 split unevenly).
+        fill_pattern(42, 0, std::span(p.buf).first(kBytes));
+        const verbs::Sge w[3] = {p.mr->sge(0, 1000), p.mr->sge(1000, 70000), p.mr->sge(71000, kBytes - 71000)};
+        p.post_send({.wr_id = 1, .opcode = verbs::WrOpcode::rdma_write, .send_flags = verbs::send_flags::signaled,
+                     .sg_list = w, .rdma = {p.remote.addr, p.remote.rkey}});
+        p.post_send({.wr_id = 2, .opcode = verbs::WrOpcode::send, .send_flags = verbs::send_flags::signaled});
+        auto wc = p.wait_wc(2);
+        Peer::expect(wc[0], WcStatus::success, WcOpcode::rdma_write, 1);
+        Peer::expect(wc[1], WcStatus::success, WcOpcode::send, 2);
+        // READ the server's second half into 3 sink SGEs, in a second registered region for the middle one.
+        std::vector<std::byte> other(100000);
+        auto mr2 = p.pd->reg_mr(other, verbs::access::local_write);
+        std::fill(p.buf.begin() + kBytes, p.buf.end(), std::byte{0});
+        const verbs::Sge r[3] = {p.mr->sge(kBytes, 5), mr2->sge(0, 100000), p.mr->sge(kBytes + 5, kBytes - 100005)};
+        p.post_send({.wr_id = 3, .opcode = verbs::WrOpcode::rdma_read, .send_flags = verbs::send_flags::signaled,
+                     .sg_list = r, .rdma = {p.remote.addr + kBytes, p.remote.rkey}});
+        wc = p.wait_wc(1);
+        Peer::expect(wc[0], WcStatus::success, WcOpcode::rdma_read, 3);
+        if (wc[0].byte_len != kBytes) throw std::runtime_error("READ byte_len " + std::to_string(wc[0].byte_len));
+        if (check_pattern(77, 0, std::span(p.buf).subspan(kBytes, 5)) >= 0 || check_pattern(77, 5, other) >= 0 ||
+            check_pattern(77, 100005, std::span(p.buf).subspan(kBytes + 5, kBytes - 100005)) >= 0)
+            throw std::runtime_error("READ content differs");
+        report("READ verified");
+        p.post_send({.wr_id = 4, .opcode = verbs::WrOpcode::send, .send_flags = verbs::send_flags::signaled});
+        Peer::expect(p.wait_wc(1)[0], WcStatus::success, WcOpcode::send, 4);
+        mr2.reset();
+        return p.end(0);
+    };
+    check_outcomes(run_pair(server, client));
+}
+
+TEST_CASE("WRITE_WITH_IMM, SEND_WITH_IMM, fetch-add and compare-swap", "[verbs][memif]") {
+    auto server = [](const PeerConfig& cfg) {
+        Peer p(cfg, 4096, kAll);
+        std::uint64_t word = 100;
+        std::memcpy(p.buf.data() + 512, &word, 8);  // the atomic target (8-aligned: vector storage is)
+        for (int i = 0; i < 4; ++i) p.post_recv(1 + i, 1024 + 256 * i, 256);
+        p.serve();
+        // WRITE_WITH_IMM: the data at offset 0, then the Immediate Data completion.
+        auto wc = p.wait_wc(1);
+        Peer::expect(wc[0], WcStatus::success, WcOpcode::recv_rdma_with_imm, 1);
+        if (wc[0].imm_data != 0x1122334455667788ull || !(wc[0].wc_flags & verbs::wc_flags::with_imm))
+            throw std::runtime_error("WRITE imm");
+        if (std::memcmp(p.buf.data(), "written with imm", 16) != 0) throw std::runtime_error("WRITE_WITH_IMM data");
+        // SEND_WITH_IMM: the data receive, then the immediate one (RFC 7306: two messages).
+        wc = p.wait_wc(2);
+        Peer::expect(wc[0], WcStatus::success, WcOpcode::recv, 2);
+        if (wc[0].byte_len != 13 || std::memcmp(p.buf.data() + 1024 + 256, "sent with imm", 13) != 0)
+            throw std::runtime_error("SEND_WITH_IMM data");
+        Peer::expect(wc[1], WcStatus::success, WcOpcode::recv_rdma_with_imm, 3);
+        if (wc[1].imm_data != 7) throw std::runtime_error("SEND imm");
+        report("immediate data verified");
+        // The client's atomics, then its final SEND.
+        Peer::expect(p.wait_wc(1)[0], WcStatus::success, WcOpcode::recv, 4);
+        std::memcpy(&word, p.buf.data() + 512, 8);
+        if (word != 7) throw std::runtime_error("atomic target holds " + std::to_string(word));
+        report("atomics verified");
+        return p.end(0);
+    };
+    auto client = [](const PeerConfig& cfg) {
+        Peer p(cfg, 4096, verbs::access::local_write);
+        p.connect();
+        std::memcpy(p.buf.data(), "written with imm", 16);
+        std::memcpy(p.buf.data() + 64, "sent with imm", 13);
+        const verbs::Sge a = p.mr->sge(0, 16), b = p.mr->sge(64, 13);
+        p.post_send({.wr_id = 1, .opcode = verbs::WrOpcode::rdma_write_with_imm, .send_flags = verbs::send_flags::signaled,
+                     .sg_list = {&a, 1}, .imm_data = 0x1122334455667788ull, .rdma = {p.remote.addr, p.remote.rkey}});
+        p.post_send({.wr_id = 2, .opcode = verbs::WrOpcode::send_with_imm, .send_flags = verbs::send_flags::signaled,
+                     .sg_list = {&b, 1}, .imm_data = 7});
+        auto wc = p.wait_wc(2);
+        Peer::expect(wc[0], WcStatus::success, WcOpcode::rdma_write, 1);
+        Peer::expect(wc[1], WcStatus::success, WcOpcode::send, 2);
+        const verbs::Sge r1 = p.mr->sge(256, 8), r2 = p.mr->sge(264, 8);
+        p.post_send({.wr_id = 3, .opcode = verbs::WrOpcode::atomic_fetch_and_add, .send_flags = verbs::send_flags::signaled,
+                     .sg_list = {&r1, 1}, .atomic = {p.remote.addr + 512, 5, 0, p.remote.rkey}});
+        p.post_send({.wr_id = 4, .opcode = verbs::WrOpcode::atomic_cmp_and_swp, .send_flags = verbs::send_flags::signaled,
+                     .sg_list = {&r2, 1}, .atomic = {p.remote.addr + 512, 105, 7, p.remote.rkey}});
+        wc = p.wait_wc(2);
+        Peer::expect(wc[0], WcStatus::success, WcOpcode::fetch_add, 3);
+        Peer::expect(wc[1], WcStatus::success, WcOpcode::comp_swap, 4);
+        std::uint64_t o1 = 0, o2 = 0;
+        std::memcpy(&o1, p.buf.data() + 256, 8);
+        std::memcpy(&o2, p.buf.data() + 264, 8);
+        if (o1 != 100 || o2 != 105)
+            throw std::runtime_error("atomic originals " + std::to_string(o1) + ", " + std::to_string(o2));
+        p.post_send({.wr_id = 5, .opcode = verbs::WrOpcode::send, .send_flags = verbs::send_flags::signaled});
+        Peer::expect(p.wait_wc(1)[0], WcStatus::success, WcOpcode::send, 5);
+        report("atomic originals verified");
+        return p.end(0);
+    };
+    check_outcomes(run_pair(server, client));
+}
+
+TEST_CASE("a CM reject carries the responder's private data to the initiator", "[verbs][memif]") {
+    auto server = [](const PeerConfig& cfg) {
+        Peer p(cfg, 64, verbs::access::local_write);
+        p.listener = p.ctx->listen(cfg.tcp_port);
+        auto ev = p.wait_event(verbs::CmEventType::connect_request);
+        const char no[] = "no room at the inn";
+        if (!ev.request->reject(std::as_bytes(std::span(no)))) throw std::runtime_error("reject refused");
+        p.ctx->run_until([] { return false; }, 200ms);
+        ev.request.reset();
+        p.disconnected = true;
+        return p.end(0);
+    };
+    auto client = [](const PeerConfig& cfg) {
+        Peer p(cfg, 64, verbs::access::local_write);
+        p.post_recv(9, 0, 64);
+        const RemoteRegion me = p.local();
+        p.id = p.ctx->connect(cfg.peer, cfg.tcp_port, *p.qp, {.private_data = as_bytes(me)});
+        auto ev = p.wait_event(verbs::CmEventType::rejected);
+        const std::string got(reinterpret_cast<const char*>(ev.private_data.bytes.data()), ev.private_data.size);
+        report("rejected with: " + got);
+        if (got != std::string("no room at the inn", 19)) throw std::runtime_error("private data: " + got);
+        // The QP went to ERR; its receive was flushed.
+        Peer::expect(p.wait_wc(1)[0], WcStatus::wr_flush_err, WcOpcode::recv, 9);
+        p.disconnected = true;
+        return p.end(0);
+    };
+    check_outcomes(run_pair(server, client));
+}
+
+namespace {
+
+// The violation cases: the client does something the server must refuse. The server's QP sends the TERMINATE
+// `want` and goes to ERR with its receives flushed; the client receives that TERMINATE and goes to ERR with
+// its receives (and any outstanding send WR) flushed.
+// `consumed`: the offence uses the server's two receives first (SEND without receive), so they complete
+// successfully instead of being flushed.
+void violation_case(const std::function<void(Peer&)>& offend, const TermCode want, std::uint32_t server_access,
+                    bool consumed = false) {
+    auto server = [&](const PeerConfig& cfg) {
+        Peer p(cfg, 4096, server_access);
+        p.post_recv(1, 0, 64);
+        p.post_recv(2, 64, 64);
+        p.serve();
+        auto wc = p.wait_wc(2);
+        const WcStatus st = consumed ? WcStatus::success : WcStatus::wr_flush_err;
+        Peer::expect(wc[0], st, WcOpcode::recv, 1);
+        Peer::expect(wc[1], st, WcOpcode::recv, 2);
+        p.wait_event(verbs::CmEventType::disconnected);
+        const auto& t = p.qp->terminate_info();
+        if (!t || t->received) throw std::runtime_error("server sent no TERMINATE");
+        report("server sent TERMINATE " + term_str(t->code) + ", QP " + verbs::to_string(p.qp->state()));
+        if (!(t->code == want)) throw std::runtime_error("wrong TERMINATE, wanted " + term_str(want));
+        if (p.qp->state() != verbs::QpState::err) throw std::runtime_error("server QP not in ERR");
+        return p.end(0);
+    };
+    auto client = [&](const PeerConfig& cfg) {
+        Peer p(cfg, 4096, verbs::access::local_write);
+        p.post_recv(7, 0, 64);
+        p.connect();
+        offend(p);
+        p.wait_event(verbs::CmEventType::disconnected);
+        const auto& t = p.qp->terminate_info();
+        if (!t || !t->received) throw std::runtime_error("client received no TERMINATE");
+        report("client received TERMINATE " + term_str(t->code) + ", QP " + verbs::to_string(p.qp->state()));
+        if (!(t->code == want)) throw std::runtime_error("wrong TERMINATE, wanted " + term_str(want));
+        if (p.qp->state() != verbs::QpState::err) throw std::runtime_error("client QP not in ERR");
+        // Completions: the offending WR (success when framed, as siw), flushed receive, flushed READ.
+        std::array<verbs::WorkCompletion, 16> wcs;
+        const std::size_t n = p.cq->poll(wcs);
+        bool recv_flushed = false, read_flushed = false;
+        for (std::size_t i = 0; i < n; ++i) {
+            if (wcs[i].wr_id == 7 && wcs[i].status == WcStatus::wr_flush_err) recv_flushed = true;
+            if (wcs[i].wr_id == 99 && wcs[i].status == WcStatus::wr_flush_err) read_flushed = true;
+        }
+        if (!recv_flushed || !read_flushed) throw std::runtime_error("client WRs not flushed");
+        // Posting in ERR completes at once with a flush error.
+        const verbs::SendWr more{.wr_id = 100, .opcode = verbs::WrOpcode::send};
+        if (!p.qp->post_send({&more, 1}).ok()) throw std::runtime_error("post in ERR refused");
+        Peer::expect(p.wait_wc(1)[0], WcStatus::wr_flush_err, WcOpcode::send, 100);
+        p.disconnected = true;
+        return p.end(0);
+    };
+    check_outcomes(run_pair(server, client));
+}
+
+// The offending WR, then a READ queued behind it: the server fails on the offence first and never answers
+// the READ, so it is outstanding when the TERMINATE arrives and is flushed at the client.
+void post_offence_then_read(Peer& p, const verbs::SendWr& bad) {
+    p.post_send(bad);
+    const verbs::Sge s = p.mr->sge(1024, 16);
+    p.post_send({.wr_id = 99, .opcode = verbs::WrOpcode::rdma_read, .send_flags = verbs::send_flags::signaled,
+                 .sg_list = {&s, 1}, .rdma = {p.remote.addr, 0x0}});  // STag 0: never answered anyway
+}
+
+}  // namespace
+
+TEST_CASE("WRITE without the remote-write right: TERMINATE access violation, ERR and flushes at both ends",
+          "[verbs][memif]") {
+    violation_case(
+        [](Peer& p) {
+            const verbs::Sge s = p.mr->sge(0, 32);
+            post_offence_then_read(p, {.wr_id = 1, .opcode = verbs::WrOpcode::rdma_write, .sg_list = {&s, 1},
+                                       .rdma = {p.remote.addr, p.remote.rkey}});
+        },
+        rdmap::err::p_access, verbs::access::local_write | verbs::access::remote_read);
+}
+
+TEST_CASE("WRITE with a stale key: TERMINATE invalid STag at the peer", "[verbs][memif]") {
+    violation_case(
+        [](Peer& p) {
+            const verbs::Sge s = p.mr->sge(0, 32);
+            post_offence_then_read(p, {.wr_id = 1, .opcode = verbs::WrOpcode::rdma_write, .sg_list = {&s, 1},
+                                       .rdma = {p.remote.addr, p.remote.rkey ^ 0x01u}});
+        },
+        ddp::err::t_invalid_stag, kAll);
+}
+
+TEST_CASE("SEND without a posted receive: TERMINATE no buffer", "[verbs][memif]") {
+    // The server posts two receives; the client sends three.
+    violation_case(
+        [](Peer& p) {
+            for (int i = 0; i < 2; ++i)
+                p.post_send({.wr_id = 50u + i, .opcode = verbs::WrOpcode::send});
+            post_offence_then_read(p, {.wr_id = 52, .opcode = verbs::WrOpcode::send});
+        },
+        ddp::err::u_no_buffer, kAll, /*consumed=*/true);
+}

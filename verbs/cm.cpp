@@ -1,0 +1,340 @@
+// SPDX-License-Identifier: MIT
+// Connection manager: TCP connect/accept, MPA negotiation (mpa::Initiator / mpa::Responder), then the byte
+// stream handed to the QP. Events go to the Context's CM channel, apart from CQs. Control path: allocates.
+#include <algorithm>
+#include <cstdio>
+
+#include "stack/tcp.hpp"
+#include "verbs/verbs.hpp"
+
+namespace softrdma::verbs {
+namespace {
+
+std::string term_text(const TerminateInfo& t) {
+    char buf[96];
+    std::snprintf(buf, sizeof buf, "TERMINATE %s: layer %u type %u code 0x%02x", t.received ? "received" : "sent",
+                  static_cast<unsigned>(t.code.layer), t.code.etype, t.code.ecode);
+    return buf;
+}
+
+const char* fail_text(mpa::FailReason r) {
+    switch (r) {
+    case mpa::FailReason::timeout: return "MPA: no reply in time";
+    case mpa::FailReason::protocol: return "MPA: protocol error";
+    case mpa::FailReason::unsupported: return "MPA: peer asks for something our policy refuses";
+    case mpa::FailReason::insufficient_ird: return "MPA: insufficient IRD";
+    case mpa::FailReason::no_matching_rtr: return "MPA: no matching RTR";
+    }
+    return "MPA: failed";
+}
+
+}  // namespace
+
+// TCP callbacks, forwarded. Ownership of received bytes stays with the RecvBuffer: the QP copies payload
+// out of the pbufs (the one copy) during the call, and the pbufs go back to DPDK when it returns.
+struct CmId::TcpHandler final : stack::TcpConnection::Handler {
+    CmId& id;
+    explicit TcpHandler(CmId& i) : id(i) {}
+    void on_connected(stack::TcpConnection&) override { id.on_tcp_connected(); }
+    void on_receive(stack::TcpConnection&, stack::RecvBuffer data) override {
+        data.for_each_segment([&](std::span<const std::byte> s) { id.on_tcp_receive(s); });
+    }
+    void on_sent(stack::TcpConnection&, std::size_t) override { id.on_tcp_sent(); }
+    void on_remote_close(stack::TcpConnection&) override { id.on_tcp_remote_close(); }
+    void on_error(stack::TcpConnection&, stack::TcpError e) override {
+        id.on_tcp_error(stack::to_string(e), e == stack::TcpError::refused || e == stack::TcpError::timed_out);
+    }
+};
+
+struct CmListener::Acceptor final : stack::TcpListener::Handler {
+    CmListener& l;
+    explicit Acceptor(CmListener& li) : l(li) {}
+    void on_accept(std::unique_ptr<stack::TcpConnection> c) override { l.ctx_.new_request(l, std::move(c)); }
+};
+
+CmId::CmId(Context& ctx) : ctx_(ctx), handler_(std::make_unique<TcpHandler>(*this)) { ctx_.ids_.push_back(this); }
+
+CmId::~CmId() {
+    std::erase(ctx_.ids_, this);
+    ctx_.drop_events(this);
+    if (qp_ != nullptr) {
+        QueuePair* q = qp_;
+        qp_ = nullptr;
+        q->detach_conn();
+        q->stream_lost();
+    }
+    if (conn_) conn_->abort();
+}
+
+// ---- listen / connect ---------------------------------------------------------------------------------------
+
+CmListener::CmListener(Context& ctx, std::uint16_t port, const ConnParam& defaults)
+    : ctx_(ctx), port_(port), defaults_(defaults), acceptor_(std::make_unique<Acceptor>(*this)) {
+    defaults_.private_data = {};
+    listener_ = std::make_unique<stack::TcpListener>(ctx.stack(), port, *acceptor_);
+}
+
+CmListener::~CmListener() {
+    listener_.reset();
+    for (auto& id : ctx_.orphans_)
+        if (id->listener_ == this) id->listener_ = nullptr;
+    for (auto& ev : ctx_.events_)
+        if (ev.listener == this) ev.listener = nullptr;
+}
+
+std::unique_ptr<CmListener> Context::listen(std::uint16_t port, const ConnParam& defaults) {
+    return std::unique_ptr<CmListener>(new CmListener(*this, port, defaults));
+}
+
+void Context::new_request(CmListener& l, std::unique_ptr<stack::TcpConnection> conn) {
+    std::unique_ptr<CmId> id(new CmId(*this));
+    id->listener_ = &l;
+    id->conn_ = std::move(conn);
+    id->conn_->set_handler(id->handler_.get());
+    mpa::NegotiationConfig nc;
+    nc.crc = l.defaults_.crc;
+    nc.peer_to_peer = true;  // we accept peer-to-peer requests (RTR WRITE preferred, else READ)
+    nc.ird = l.defaults_.responder_resources;
+    nc.ord = l.defaults_.initiator_depth;
+    id->resp_.emplace(nc);
+    id->resp_->start(mpa::Clock::now());
+    id->phase_ = CmId::Phase::negotiating;
+    orphans_.push_back(std::move(id));
+}
+
+std::unique_ptr<CmId> Context::connect(stack::Ipv4 addr, std::uint16_t port, QueuePair& qp, const ConnParam& param) {
+    if (qp.state_ != QpState::init || qp.conn_ != nullptr) throw Error("connect: the QP must be in INIT, unconnected");
+    if (param.private_data.size() > mpa::kMaxPrivateDataSent - mpa::kIrdOrdSize)
+        throw Error("connect: private data above 252 bytes");
+    std::unique_ptr<CmId> id(new CmId(*this));
+    id->initiator_ = true;
+    id->qp_ = &qp;
+    qp.conn_ = id.get();
+    qp.state_ = QpState::rtr;  // MPA negotiation under way
+    id->pd_copy_.assign(param.private_data.begin(), param.private_data.end());
+    mpa::NegotiationConfig nc;
+    nc.crc = param.crc;
+    nc.peer_to_peer = param.peer_to_peer;
+    nc.ird = param.responder_resources;
+    nc.ord = param.initiator_depth;
+    nc.private_data = id->pd_copy_;
+    id->ini_.emplace(nc);
+    id->phase_ = CmId::Phase::connecting;
+    id->conn_ = stack::connect(*stack_, addr, port, *id->handler_);
+    return id;
+}
+
+// ---- accept / reject / disconnect ---------------------------------------------------------------------------
+
+bool CmId::accept(QueuePair& qp, const ConnParam& param) {
+    if (phase_ != Phase::request || !resp_ || qp.conn_ != nullptr || qp.state_ != QpState::init) return false;
+    if (!resp_->accept(param.private_data, param.responder_resources, param.initiator_depth)) return false;
+    qp_ = &qp;
+    write_negotiation_output();  // the reply goes into TCP before any FPDU of the QP
+    go_rdma(resp_->agreed());
+    emit(CmEventType::established);
+    return true;
+}
+
+bool CmId::reject(std::span<const std::byte> private_data) {
+    if (phase_ != Phase::request || !resp_) return false;
+    if (!resp_->reject(private_data)) return false;
+    write_negotiation_output();
+    finish(CmEventType::rejected, "", /*quiet=*/true);
+    return true;
+}
+
+void CmId::disconnect() {
+    if (phase_ == Phase::rdma && qp_ != nullptr) qp_->tx_pump();  // what is framed goes before the FIN
+    finish(CmEventType::disconnected, "local disconnect");
+}
+
+void CmId::abort() {
+    if (conn_) conn_->abort();
+    finish(CmEventType::disconnected, "aborted locally");
+}
+
+// ---- TCP events ---------------------------------------------------------------------------------------------
+
+void CmId::on_tcp_connected() {
+    if (phase_ != Phase::connecting) return;
+    phase_ = Phase::negotiating;
+    ini_->start(mpa::Clock::now());
+    write_negotiation_output();
+    check_outcome();
+}
+
+void CmId::on_tcp_receive(std::span<const std::byte> bytes) {
+    switch (phase_) {
+    case Phase::rdma:
+        if (qp_ != nullptr) qp_->rx_bytes(bytes);
+        return;
+    case Phase::negotiating: {
+        const auto now = mpa::Clock::now();
+        const std::size_t used = initiator_ ? ini_->input(bytes, now) : resp_->input(bytes, now);
+        check_outcome();
+        // Bytes after the MPA reply are FPDUs: they belong to the QP now.
+        if (phase_ == Phase::rdma && used < bytes.size() && qp_ != nullptr) qp_->rx_bytes(bytes.subspan(used));
+        return;
+    }
+    case Phase::connecting:
+    case Phase::request:  // the initiator may send nothing before our reply: dropped
+    case Phase::closed: return;
+    }
+}
+
+void CmId::on_tcp_sent() {
+    if (phase_ == Phase::rdma) {
+        if (qp_ != nullptr) qp_->schedule_tx();
+    } else if (phase_ != Phase::closed) {
+        write_negotiation_output();
+    }
+}
+
+void CmId::on_tcp_remote_close() {
+    if (phase_ == Phase::rdma) {
+        finish(CmEventType::disconnected, "peer closed");
+    } else {
+        finish(initiator_ ? CmEventType::error : CmEventType::disconnected, "peer closed during MPA negotiation",
+               /*quiet=*/!initiator_ && phase_ != Phase::request);
+    }
+}
+
+void CmId::on_tcp_error(const char* what, bool unreachable) {
+    const std::string reason = std::string("TCP: ") + what;
+    switch (phase_) {
+    case Phase::connecting: finish(unreachable ? CmEventType::unreachable : CmEventType::error, reason); break;
+    case Phase::negotiating: finish(CmEventType::error, reason, /*quiet=*/!initiator_); break;
+    case Phase::request:
+    case Phase::rdma: finish(CmEventType::disconnected, reason); break;
+    case Phase::closed: break;
+    }
+}
+
+// ---- negotiation --------------------------------------------------------------------------------------------
+
+void CmId::write_negotiation_output() {
+    if (!conn_ || !conn_->open()) return;
+    mpa::Negotiator* n = initiator_ ? static_cast<mpa::Negotiator*>(&*ini_) : static_cast<mpa::Negotiator*>(&*resp_);
+    const auto out = n->output();
+    if (out.empty()) return;
+    n->output_sent(conn_->write(out));
+    conn_->flush();
+}
+
+void CmId::check_outcome() {
+    if (initiator_) {
+        switch (ini_->outcome()) {
+        case mpa::Outcome::in_progress:
+        case mpa::Outcome::request_received: return;
+        case mpa::Outcome::agreed:
+            peer_pd_ = ini_->agreed().peer_private_data;
+            go_rdma(ini_->agreed());
+            emit(CmEventType::established);
+            return;
+        case mpa::Outcome::rejected:
+            peer_pd_ = ini_->agreed().peer_private_data;
+            finish(CmEventType::rejected, "rejected by peer");
+            return;
+        case mpa::Outcome::failed: {
+            const mpa::Failure& f = ini_->failure();
+            if (f.send_terminate && qp_ != nullptr) {
+                // The reply arrived but cannot be used (IRD, RTR): TERMINATE with the MPA code, framed as agreed,
+                // through the QP's choke point; the connection closes once it is out.
+                emit(f.reason == mpa::FailReason::timeout ? CmEventType::unreachable : CmEventType::error,
+                     fail_text(f.reason));
+                quiet_close_ = true;
+                go_rdma(ini_->agreed());
+                qp_->ep_->on_llp_error(f.code);
+                return;
+            }
+            finish(f.reason == mpa::FailReason::timeout ? CmEventType::unreachable : CmEventType::error,
+                   fail_text(f.reason));
+            return;
+        }
+        }
+        return;
+    }
+    switch (resp_->outcome()) {
+    case mpa::Outcome::in_progress:
+    case mpa::Outcome::agreed: return;  // agreed only through accept()
+    case mpa::Outcome::request_received: {
+        if (phase_ != Phase::negotiating) return;
+        phase_ = Phase::request;
+        peer_pd_.assign(resp_->request_private_data());
+        CmEvent ev;
+        ev.type = CmEventType::connect_request;
+        ev.id = this;
+        ev.listener = listener_;
+        ev.private_data = peer_pd_;
+        ev.ird = resp_->request().ird_ord.ird;
+        ev.ord = resp_->request().ird_ord.ord;
+        const auto it = std::find_if(ctx_.orphans_.begin(), ctx_.orphans_.end(),
+                                     [this](const std::unique_ptr<CmId>& p) { return p.get() == this; });
+        if (it == ctx_.orphans_.end()) return;
+        ev.request = std::move(*it);
+        ctx_.orphans_.erase(it);
+        ctx_.push_event(std::move(ev));
+        return;
+    }
+    case mpa::Outcome::rejected:
+    case mpa::Outcome::failed:  // automatic reject (policy) or a bad request: no event, the id is an orphan
+        write_negotiation_output();
+        finish(CmEventType::error, fail_text(resp_->failure().reason), /*quiet=*/true);
+        return;
+    }
+}
+
+void CmId::go_rdma(const mpa::Agreed& agreed) {
+    phase_ = Phase::rdma;
+    ird_ = agreed.ird;
+    ord_ = agreed.ord;
+    if (qp_ == nullptr) return;
+    const std::uint32_t mss = conn_ ? conn_->mss() : 0;
+    qp_->enter_rts(*this, agreed, mss != 0 ? mss : 536, initiator_);
+}
+
+void CmId::qp_failed() {
+    const std::string reason = qp_ != nullptr && qp_->term_ ? term_text(*qp_->term_) : std::string("QP error");
+    finish(CmEventType::disconnected, reason, quiet_close_);
+}
+
+void CmId::finish(CmEventType type, const std::string& reason, bool quiet) {
+    if (phase_ == Phase::closed) return;
+    phase_ = Phase::closed;
+    if (qp_ != nullptr) qp_->stream_lost();
+    close_pending_ = true;  // closed in the poll stage, after the RecvBuffer of this turn reopened the window
+    ctx_.cm_work_ = true;   // (lwIP answers a close with unread data by RST)
+    if (!quiet) emit(type, reason);
+}
+
+void CmId::emit(CmEventType type, const std::string& reason) {
+    CmEvent ev;
+    ev.type = type;
+    ev.id = this;
+    ev.listener = listener_;
+    ev.private_data = peer_pd_;
+    ev.ird = ird_;
+    ev.ord = ord_;
+    ev.reason = reason;
+    ctx_.push_event(std::move(ev));
+}
+
+void CmId::service(mpa::Clock::time_point now) {
+    if (phase_ == Phase::negotiating) {
+        if (initiator_) ini_->poll(now);
+        else resp_->poll(now);
+        check_outcome();
+    }
+    if (close_pending_) {
+        if (conn_ && conn_->open()) {
+            if (!conn_->close()) {  // no memory for the FIN: next turn
+                ctx_.cm_work_ = true;
+                return;
+            }
+        }
+        close_pending_ = false;
+    }
+}
+
+}  // namespace softrdma::verbs

@@ -1,0 +1,224 @@
+// SPDX-License-Identifier: MIT
+// Context (port + stack + MR table + the polling turn), protection domains, memory regions, CQs.
+#include <algorithm>
+#include <thread>
+
+#include "stack/tcp.hpp"
+#include "verbs/verbs.hpp"
+
+namespace softrdma::verbs {
+
+const char* to_string(PostErrc e) noexcept {
+    switch (e) {
+    case PostErrc::none: return "none";
+    case PostErrc::invalid_state: return "invalid QP state";
+    case PostErrc::queue_full: return "queue full";
+    case PostErrc::too_many_sge: return "too many SGEs";
+    case PostErrc::bad_lkey: return "bad lkey or SGE outside its region";
+    case PostErrc::bad_length: return "bad length";
+    case PostErrc::invalid_opcode: return "invalid opcode";
+    }
+    return "?";
+}
+
+const char* to_string(WcStatus s) noexcept {
+    switch (s) {
+    case WcStatus::success: return "success";
+    case WcStatus::wr_flush_err: return "WR flush error";
+    case WcStatus::loc_prot_err: return "local protection error";
+    case WcStatus::fatal_err: return "fatal error";
+    }
+    return "?";
+}
+
+const char* to_string(QpState s) noexcept {
+    switch (s) {
+    case QpState::reset: return "RESET";
+    case QpState::init: return "INIT";
+    case QpState::rtr: return "RTR";
+    case QpState::rts: return "RTS";
+    case QpState::sqd: return "SQD";
+    case QpState::sqe: return "SQE";
+    case QpState::err: return "ERR";
+    }
+    return "?";
+}
+
+const char* to_string(CmEventType t) noexcept {
+    switch (t) {
+    case CmEventType::connect_request: return "connect request";
+    case CmEventType::established: return "established";
+    case CmEventType::rejected: return "rejected";
+    case CmEventType::unreachable: return "unreachable";
+    case CmEventType::disconnected: return "disconnected";
+    case CmEventType::error: return "error";
+    }
+    return "?";
+}
+
+// ==== CQ =====================================================================================================
+
+void CompletionQueue::push(const WorkCompletion& wc) noexcept {
+    if (count_ == ring_.size()) {
+        ++overruns_;
+        return;
+    }
+    ring_[(head_ + count_) % ring_.size()] = wc;
+    ++count_;
+}
+
+std::size_t CompletionQueue::poll(std::span<WorkCompletion> out) noexcept {
+    const std::size_t n = std::min(out.size(), count_);
+    for (std::size_t i = 0; i < n; ++i) {
+        out[i] = ring_[head_];
+        head_ = (head_ + 1) % ring_.size();
+    }
+    count_ -= n;
+    return n;
+}
+
+// ==== memory regions =========================================================================================
+
+MemoryRegion::~MemoryRegion() {
+    Context::MrEntry& e = ctx_.mrs_[index_];
+    e = Context::MrEntry{};
+    ctx_.mr_free_.push_back(index_);
+}
+
+void MemoryRegion::invalidate() noexcept { ctx_.mrs_[index_].valid = false; }
+
+bool MemoryRegion::valid() const noexcept { return ctx_.mrs_[index_].valid; }
+
+std::uint32_t MemoryRegion::rekey(std::uint8_t key) noexcept {
+    Context::MrEntry& e = ctx_.mrs_[index_];
+    e.key = key;
+    e.valid = true;
+    stag_ = (stag_ & ~0xffu) | key;
+    return stag_;
+}
+
+std::unique_ptr<MemoryRegion> ProtectionDomain::reg_mr(std::span<std::byte> bytes, std::uint32_t access_flags) {
+    if (ctx_.mr_free_.empty()) throw Error("reg_mr: MR table full (ContextConfig::max_mr)");
+    // RFC 5040: remote write/atomic need local write too (as ibv_reg_mr refuses remote write without it).
+    if ((access_flags & (access::remote_write | access::remote_atomic)) != 0 && !(access_flags & access::local_write))
+        throw Error("reg_mr: remote write/atomic access requires local write");
+    const std::uint32_t index = ctx_.mr_free_.back();
+    ctx_.mr_free_.pop_back();
+    const std::uint8_t key = ctx_.next_key_++;
+    ctx_.mrs_[index] = Context::MrEntry{bytes.data(), bytes.size(), handle_, access_flags, key, true, true};
+    const std::uint32_t stag = ((index + 1) << 8) | key;
+    return std::unique_ptr<MemoryRegion>(new MemoryRegion(ctx_, index, stag, bytes, access_flags));
+}
+
+Context::MrEntry* Context::mr_entry(std::uint32_t stag) noexcept {
+    const std::uint32_t idx = stag >> 8;
+    if (idx == 0 || idx > mrs_.size()) return nullptr;
+    MrEntry& e = mrs_[idx - 1];
+    return e.in_use ? &e : nullptr;
+}
+
+rdmap::Mem Context::mr_lookup(std::uint32_t stag, std::uint64_t to, std::size_t len, std::uint32_t pd,
+                              std::uint32_t need) noexcept {
+    using rdmap::MemError;
+    const MrEntry* e = mr_entry(stag);
+    if (e == nullptr) return {.err = MemError::invalid_stag};
+    if (e->key != (stag & 0xffu) || !e->valid) return {.err = MemError::invalidated};
+    if (e->pd != pd) return {.err = MemError::wrong_pd};
+    if ((e->access & need) != need) return {.err = MemError::access};
+    const auto base = reinterpret_cast<std::uint64_t>(e->base);
+    if (to < base || to - base > e->length || len > e->length - (to - base)) return {.err = MemError::bounds};
+    return {e->base + (to - base), len, MemError::none};
+}
+
+// ==== context ================================================================================================
+
+std::unique_ptr<Context> Context::open(const ContextConfig& cfg) { return std::unique_ptr<Context>(new Context(cfg)); }
+
+Context::Context(const ContextConfig& cfg) : cfg_(cfg) {
+    if (cfg.max_mr == 0 || cfg.max_mr >= (1u << 24)) throw Error("ContextConfig::max_mr must be 1 .. 2^24-1");
+    port_ = io::open_port(cfg.port, cfg.eal);
+    stack_ = std::make_unique<stack::Stack>(*port_, cfg.stack);
+    mrs_.resize(cfg.max_mr);
+    mr_free_.reserve(cfg.max_mr);
+    for (std::uint32_t i = cfg.max_mr; i-- > 0;) mr_free_.push_back(i);
+    tx_list_.reserve(cfg.max_qp);
+    ids_.reserve(cfg.max_qp);
+}
+
+Context::~Context() {
+    events_.clear();  // connect requests nobody took: their ids abort their connections here
+    orphans_.clear();
+}
+
+std::unique_ptr<ProtectionDomain> Context::alloc_pd() {
+    return std::unique_ptr<ProtectionDomain>(new ProtectionDomain(*this, next_pd_++));
+}
+
+std::unique_ptr<CompletionQueue> Context::create_cq(std::uint32_t cqe) {
+    if (cqe == 0) throw Error("create_cq: cqe must be > 0");
+    return std::unique_ptr<CompletionQueue>(new CompletionQueue(cqe));
+}
+
+void Context::schedule_tx(QueuePair* qp) noexcept {
+    if (qp->in_tx_list_) return;
+    qp->in_tx_list_ = true;
+    tx_list_.push_back(qp);  // capacity max_qp reserved at open; create_qp enforces the count
+}
+
+unsigned Context::poll() noexcept {
+    const unsigned frames = stack_->poll();  // RX: lwIP callbacks -> CmId -> QueuePair::rx_bytes
+    // TX: every QP with work, once. A QP that stays blocked schedules itself again.
+    const std::size_t n = tx_list_.size();
+    for (std::size_t i = 0; i < n; ++i) {
+        QueuePair* qp = tx_list_[i];
+        if (qp == nullptr) continue;  // destroyed while listed
+        qp->in_tx_list_ = false;
+        qp->tx_pump();
+    }
+    tx_list_.erase(tx_list_.begin(), tx_list_.begin() + static_cast<std::ptrdiff_t>(n));
+    // CM: pending closes at once, negotiation time limits once per millisecond.
+    const auto now = mpa::Clock::now();
+    if (cm_work_ || now >= next_timer_) {
+        cm_work_ = false;
+        next_timer_ = now + std::chrono::milliseconds(1);
+        for (std::size_t i = 0; i < ids_.size(); ++i) ids_[i]->service(now);
+        std::erase_if(orphans_, [](const std::unique_ptr<CmId>& id) { return id->phase_ == CmId::Phase::closed && !id->close_pending_; });
+    }
+    stack_->flush_tx();
+    return frames;
+}
+
+bool Context::run_until(const std::function<bool()>& done, std::chrono::milliseconds timeout) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    unsigned idle = 0;
+    for (;;) {
+        if (done()) return true;
+        if (std::chrono::steady_clock::now() >= deadline) return false;
+        // Idle policy: spin, then yield after a run of idle turns (two processes may share the cores).
+        if (poll() == 0 && ++idle > 64) {
+            std::this_thread::yield();
+        } else {
+            idle = 0;
+        }
+    }
+}
+
+void Context::push_event(CmEvent ev) { events_.push_back(std::move(ev)); }
+
+void Context::drop_events(const CmId* id) noexcept {
+    std::erase_if(events_, [id](const CmEvent& e) { return e.id == id && !e.request; });
+}
+
+std::optional<CmEvent> Context::get_cm_event() {
+    if (events_.empty()) return std::nullopt;
+    CmEvent e = std::move(events_.front());
+    events_.pop_front();
+    return e;
+}
+
+std::optional<CmEvent> Context::wait_cm_event(std::chrono::milliseconds timeout) {
+    run_until([&] { return !events_.empty(); }, timeout);
+    return get_cm_event();
+}
+
+}  // namespace softrdma::verbs

@@ -1,0 +1,582 @@
+// SPDX-License-Identifier: MIT
+// softrdma verbs: the API applications link. A verbs-like C++20 surface over the protocol core (mpa, ddp,
+// rdmap) and the packet path (io + stack), with names libibverbs/librdmacm users know:
+//
+//   auto ctx = verbs::Context::open(cfg);            // one per process: DPDK port + lwIP stack
+//   auto pd  = ctx->alloc_pd();
+//   auto mr  = pd->reg_mr(buffer, access::local_write | access::remote_write);
+//   auto cq  = ctx->create_cq(256);
+//   auto qp  = pd->create_qp({.send_cq = cq.get(), .recv_cq = cq.get()});
+//   qp->post_recv(...);                              // receives may be posted before the connection
+//   auto id  = ctx->connect(peer, port, *qp, param); // CM events: ctx->get_cm_event()
+//   qp->post_send(...);  ctx->poll();  cq->poll(wcs);
+//
+// Threading (this slice): run-to-completion. The thread that opened the Context owns everything and calls
+// every function here; Context::poll() runs one turn: RX (DPDK -> lwIP -> MPA deframer -> RDMAP), CM timers,
+// TX of every QP that has work. RX-side work for a QP is one call (QueuePair::rx_bytes) so that a later
+// dedicated RX thread can run it apart from TX.
+//
+// Errors: control path (open, reg_mr, create_*, listen, connect) throws verbs::Error; data path (post_send,
+// post_recv, poll) returns values and never allocates, locks or logs.
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "io/port.hpp"
+#include "mpa/negotiation.hpp"
+#include "mpa/term_code.hpp"
+#include "rdmap/endpoint.hpp"
+#include "rdmap/stream.hpp"
+#include "stack/stack.hpp"
+
+namespace softrdma::stack {
+class TcpConnection;
+class TcpListener;
+}  // namespace softrdma::stack
+
+namespace softrdma::verbs {
+
+class Error : public std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+class Context;
+class ProtectionDomain;
+class MemoryRegion;
+class CompletionQueue;
+class QueuePair;
+class CmId;
+class CmListener;
+
+// ---- memory ------------------------------------------------------------------------------------------------
+// Access rights of a memory region (IBV_ACCESS_*). Local read is always allowed.
+namespace access {
+inline constexpr std::uint32_t local_write = 1u << 0;
+inline constexpr std::uint32_t remote_write = 1u << 1;
+inline constexpr std::uint32_t remote_read = 1u << 2;
+inline constexpr std::uint32_t remote_atomic = 1u << 3;
+}  // namespace access
+
+// A scatter/gather element (ibv_sge): `addr` is a virtual address inside the region of `lkey`.
+struct Sge {
+    std::uint64_t addr{0};
+    std::uint32_t length{0};
+    std::uint32_t lkey{0};
+};
+
+// ---- work requests -----------------------------------------------------------------------------------------
+enum class WrOpcode : std::uint8_t {
+    send,
+    send_with_imm,
+    send_with_inv,
+    rdma_write,
+    rdma_write_with_imm,
+    rdma_read,
+    atomic_fetch_and_add,
+    atomic_cmp_and_swp,
+};
+
+namespace send_flags {
+inline constexpr std::uint32_t signaled = 1u << 0;   // IBV_SEND_SIGNALED
+inline constexpr std::uint32_t solicited = 1u << 1;  // IBV_SEND_SOLICITED: SEND_SE (and SEND_SE_INV)
+inline constexpr std::uint32_t inline_data = 1u << 2;  // IBV_SEND_INLINE: payload copied at post time
+}  // namespace send_flags
+
+// ibv_send_wr without the `next` link: post_send takes a span of these.
+struct SendWr {
+    std::uint64_t wr_id{0};
+    WrOpcode opcode{WrOpcode::send};
+    std::uint32_t send_flags{0};
+    std::span<const Sge> sg_list{};  // send/write: gather list; read: sink list (local_write); atomics: one
+                                     // 8-byte entry (local_write) that receives the original remote value
+    std::uint64_t imm_data{0};       // *_with_imm: RFC 7306 Immediate Data is 8 bytes on the wire
+    std::uint32_t invalidate_rkey{0};  // send_with_inv
+    struct {
+        std::uint64_t remote_addr{0};
+        std::uint32_t rkey{0};
+    } rdma{};
+    struct {
+        std::uint64_t remote_addr{0};  // 8-byte aligned
+        std::uint64_t compare_add{0};  // fetch_and_add: addend; cmp_and_swp: compare value
+        std::uint64_t swap{0};
+        std::uint32_t rkey{0};
+    } atomic{};
+};
+
+struct RecvWr {
+    std::uint64_t wr_id{0};
+    std::span<const Sge> sg_list{};  // every entry needs local_write
+};
+
+// Why a post was refused. The WRs before `bad_wr` were posted; `bad_wr` and the ones after were not.
+enum class PostErrc : std::uint8_t {
+    none,
+    invalid_state,   // send: QP not in RTS; recv: QP in RESET
+    queue_full,      // max_send_wr / max_recv_wr outstanding
+    too_many_sge,    // more than max_send_sge / max_recv_sge
+    bad_lkey,        // an SGE's lkey is unknown, stale, invalidated, of another PD, lacks local_write, or the
+                     // SGE is outside the region (IBV_WC_LOC_PROT_ERR, refused at post time)
+    bad_length,      // inline payload above max_inline_data; atomic sink not 8 bytes; READ above 4 GiB
+    invalid_opcode,  // an opcode this QP cannot do (atomic/READ without ORD)
+};
+const char* to_string(PostErrc e) noexcept;
+
+template <class Wr>
+struct PostResult {
+    PostErrc err{PostErrc::none};
+    const Wr* bad_wr{nullptr};
+    bool ok() const noexcept { return err == PostErrc::none; }
+};
+
+// ---- completions -------------------------------------------------------------------------------------------
+enum class WcStatus : std::uint8_t { success, wr_flush_err, loc_prot_err, fatal_err };
+enum class WcOpcode : std::uint8_t { send, rdma_write, rdma_read, comp_swap, fetch_add, recv, recv_rdma_with_imm };
+const char* to_string(WcStatus s) noexcept;
+
+namespace wc_flags {
+inline constexpr std::uint32_t with_imm = 1u << 0;
+inline constexpr std::uint32_t with_inv = 1u << 1;
+inline constexpr std::uint32_t solicited = 1u << 2;
+}  // namespace wc_flags
+
+// ibv_wc. A SEND_WITH_IMM / WRITE_WITH_IMM reaches the peer as the message followed by an RFC 7306 Immediate
+// Data message; that message consumes its own receive and completes as recv_rdma_with_imm, byte_len 0, with
+// imm_data (so SEND_WITH_IMM completes two receives: the data, then the immediate).
+struct WorkCompletion {
+    std::uint64_t wr_id{0};
+    WcStatus status{WcStatus::success};
+    WcOpcode opcode{WcOpcode::send};
+    std::uint32_t byte_len{0};
+    std::uint32_t wc_flags{0};
+    std::uint64_t imm_data{0};
+    std::uint32_t invalidated_rkey{0};
+    std::uint32_t qp_num{0};
+};
+
+// A bounded ring of completions, allocated at creation. Sizing rule: at least the sum of max_send_wr +
+// max_recv_wr of the QPs that use it (each outstanding WR yields at most one entry); an entry that finds the
+// ring full is dropped and counted in overruns() (the CQ overrun error of verbs).
+class CompletionQueue {
+public:
+    CompletionQueue(const CompletionQueue&) = delete;
+    CompletionQueue& operator=(const CompletionQueue&) = delete;
+
+    // Moves up to out.size() completions, oldest first; returns the count. Does not poll the network: call
+    // Context::poll() (run-to-completion).
+    std::size_t poll(std::span<WorkCompletion> out) noexcept;
+    std::size_t size() const noexcept { return count_; }
+    std::uint32_t capacity() const noexcept { return static_cast<std::uint32_t>(ring_.size()); }
+    std::uint64_t overruns() const noexcept { return overruns_; }
+
+private:
+    friend class Context;
+    friend class QueuePair;
+    explicit CompletionQueue(std::uint32_t cqe) : ring_(cqe) {}
+    void push(const WorkCompletion& wc) noexcept;
+    std::vector<WorkCompletion> ring_;
+    std::size_t head_{0};
+    std::size_t count_{0};
+    std::uint64_t overruns_{0};
+};
+
+// ---- memory regions ----------------------------------------------------------------------------------------
+// STag = (table index + 1) << 8 | key. The low byte is the key: rekey() moves it on, and the old STag is then
+// refused as invalidated. Index 0 is never used, so STag 1 (the RTR STag) and small values name no region.
+class MemoryRegion {
+public:
+    ~MemoryRegion();
+    MemoryRegion(const MemoryRegion&) = delete;
+    MemoryRegion& operator=(const MemoryRegion&) = delete;
+
+    std::uint32_t lkey() const noexcept { return stag_; }
+    std::uint32_t rkey() const noexcept { return stag_; }
+    std::uint64_t addr() const noexcept { return reinterpret_cast<std::uint64_t>(bytes_.data()); }
+    std::size_t length() const noexcept { return bytes_.size(); }
+    std::uint32_t access() const noexcept { return access_; }
+    std::span<std::byte> bytes() const noexcept { return bytes_; }
+    // An SGE for [offset, offset + len) of this region.
+    Sge sge(std::size_t offset, std::uint32_t len) const noexcept { return {addr() + offset, len, stag_}; }
+    // Local invalidate: the STag is refused until rekey().
+    void invalidate() noexcept;
+    bool valid() const noexcept;
+    // Makes the region valid again under a new key (low byte); returns the new STag.
+    std::uint32_t rekey(std::uint8_t key) noexcept;
+
+private:
+    friend class ProtectionDomain;
+    MemoryRegion(Context& ctx, std::uint32_t index, std::uint32_t stag, std::span<std::byte> bytes, std::uint32_t acc)
+        : ctx_(ctx), index_(index), stag_(stag), bytes_(bytes), access_(acc) {}
+    Context& ctx_;
+    std::uint32_t index_;
+    std::uint32_t stag_;
+    std::span<std::byte> bytes_;
+    std::uint32_t access_;
+};
+
+// ---- queue pairs -------------------------------------------------------------------------------------------
+// Verbs states and the iWARP QP states they stand for (RFC 5040 section 6 has none of its own; siw's map):
+//   reset, init -> IDLE (receives may be posted in init); rtr -> the CM is running MPA negotiation;
+//   rts -> RTS (RDMA mode, the stream belongs to the QP); sqd -> CLOSING (orderly disconnect started);
+//   sqe -> not used by iWARP (no send-queue-only error); err -> TERMINATE / ERROR (all WRs flushed).
+enum class QpState : std::uint8_t { reset, init, rtr, rts, sqd, sqe, err };
+const char* to_string(QpState s) noexcept;
+
+struct QpCap {
+    std::uint32_t max_send_wr{64};   // outstanding send WRs (queued + READ/atomic awaiting their response)
+    std::uint32_t max_recv_wr{64};
+    std::uint32_t max_send_sge{rdmap::kMaxSge};
+    std::uint32_t max_recv_sge{rdmap::kMaxSge};
+    std::uint32_t max_inline_data{64};
+};
+
+struct QpInitAttr {
+    CompletionQueue* send_cq{nullptr};
+    CompletionQueue* recv_cq{nullptr};
+    QpCap cap{};
+    bool sq_sig_all{false};
+};
+
+// What ended the stream: a TERMINATE we sent (received == false) or received.
+struct TerminateInfo {
+    TermCode code{};
+    bool received{false};
+};
+
+class QueuePair final : private rdmap::Upper {
+public:
+    ~QueuePair() override;
+    QueuePair(const QueuePair&) = delete;
+    QueuePair& operator=(const QueuePair&) = delete;
+
+    // Posts in order; stops at the first WR it refuses (bad_wr). No allocation; copies the WR.
+    PostResult<SendWr> post_send(std::span<const SendWr> wrs) noexcept;
+    PostResult<RecvWr> post_recv(std::span<const RecvWr> wrs) noexcept;
+
+    // reset -> init, and any state -> err (flushes every outstanding WR; a connected QP also ends its
+    // stream: use CmId::disconnect() for an orderly end). rtr/rts/sqd are entered by the connection manager.
+    bool modify_state(QpState s) noexcept;
+    QpState state() const noexcept { return state_; }
+    std::uint32_t qp_num() const noexcept { return qp_num_; }
+    const std::optional<TerminateInfo>& terminate_info() const noexcept { return term_; }
+    const QpCap& cap() const noexcept { return cap_; }
+    ProtectionDomain& pd() noexcept { return pd_; }
+
+private:
+    friend class ProtectionDomain;
+    friend class Context;
+    friend class CmId;
+    QueuePair(Context& ctx, ProtectionDomain& pd, const QpInitAttr& attr, std::uint32_t qp_num);
+
+    // rdmap::Upper: the one place where PD, access, bounds and key are checked for the stream.
+    rdmap::Mem tagged(std::uint32_t stag, std::uint64_t to, std::size_t len, rdmap::Access access) override;
+    rdmap::MemError recv_begin(std::uint32_t msn) override;
+    rdmap::Mem recv_place(std::uint32_t msn, std::uint32_t mo, std::size_t len) override;
+    rdmap::MemError invalidate(std::uint32_t stag) override;
+    void on_completion(const rdmap::Completion& c) override;
+    void on_terminate(const rdmap::TermReport& t) override;
+
+    // ---- stream (called by the CM) ----
+    // RDMA mode reached: builds the FPDU engines and the endpoint from the agreement (control path: allocates).
+    void enter_rts(CmId& conn, const mpa::Agreed& agreed, std::uint32_t emss, bool initiator);
+    // RX: bytes of the TCP stream in RDMA mode, in order, borrowed for the call. RX-side work only (deframe,
+    // place, complete); TX it causes is scheduled, not done here.
+    void rx_bytes(std::span<const std::byte> bytes) noexcept;
+    // TX: moves whole FPDUs from the endpoint to TCP while TCP takes them.
+    void tx_pump() noexcept;
+    // The TCP connection ended (peer FIN, reset, local close): flush everything; no TERMINATE is sent.
+    void stream_lost() noexcept;
+    void detach_conn() noexcept { conn_ = nullptr; }
+    void schedule_tx() noexcept;
+    void enter_error() noexcept;
+    void flush_rq() noexcept;
+    void flush_sq_unstarted() noexcept;
+    std::uint32_t alloc_slot() noexcept;
+    PostErrc check_sge(const Sge& s, bool need_write, std::span<std::byte>& out) const noexcept;
+    void complete_send(std::uint32_t slot, WcStatus st) noexcept;
+
+    // A send WR from post to completion; the endpoint's wr_id is the slot index.
+    struct SqSlot {
+        std::uint64_t wr_id{0};
+        WcOpcode opcode{WcOpcode::send};
+        bool signaled{false};
+        std::uint32_t byte_len{0};
+        std::array<std::span<std::byte>, rdmap::kMaxSge> sink{};  // READ sink list / atomic result
+        std::uint8_t nsink{0};
+        std::uint32_t next_free{0};
+    };
+    struct RecvSlot {
+        std::uint64_t wr_id{0};
+        std::array<std::span<std::byte>, rdmap::kMaxSge> sge{};
+        std::uint8_t nsge{0};
+        std::uint32_t total{0};
+        bool bound{false};
+        std::uint32_t msn{0};
+    };
+
+    Context& ctx_;
+    ProtectionDomain& pd_;
+    CompletionQueue* send_cq_;
+    CompletionQueue* recv_cq_;
+    QpCap cap_;
+    bool sig_all_;
+    std::uint32_t qp_num_;
+    QpState state_{QpState::reset};
+    std::optional<TerminateInfo> term_;
+    CmId* conn_{nullptr};
+
+    // Sizing: one SqSlot per max_send_wr (every outstanding send WR holds one until its completion), a free
+    // list through next_free; inline payload max_inline_data bytes per slot.
+    std::vector<SqSlot> sq_;
+    std::uint32_t sq_free_{0};
+    std::uint32_t sq_used_{0};
+    std::vector<std::byte> inline_buf_;
+    // Sizing: one RecvSlot per max_recv_wr, a FIFO. The front is the one the inbound message is bound to
+    // (RDMAP keeps at most one untagged message in progress).
+    std::vector<RecvSlot> rq_;
+    std::size_t rq_head_{0};
+    std::size_t rq_count_{0};
+
+    // Stream (RDMA mode), built by enter_rts.
+    std::optional<mpa::FpduTx> fpdu_tx_;
+    std::optional<rdmap::FpduFramer> framer_;
+    std::optional<mpa::Deframer<rdmap::Endpoint>> deframer_;
+    std::optional<rdmap::Endpoint> ep_;
+    // TX staging: whole FPDUs the endpoint wrote, not yet taken by TCP. Sizing: one EMSS, so one batch of
+    // FPDUs fills at most one TCP segment.
+    std::vector<std::byte> tx_buf_;
+    std::size_t tx_off_{0};
+    std::size_t tx_len_{0};
+    bool tx_gate_{false};       // responder: no FPDU before the initiator's first FPDU (RFC 5044 s7.1.2)
+    bool in_tx_list_{false};    // in the Context's list of QPs with TX work
+    bool closing_{false};       // teardown in progress: an endpoint error now is not a protocol error
+};
+
+// ---- protection domain -------------------------------------------------------------------------------------
+class ProtectionDomain {
+public:
+    ~ProtectionDomain() = default;
+    ProtectionDomain(const ProtectionDomain&) = delete;
+    ProtectionDomain& operator=(const ProtectionDomain&) = delete;
+
+    // Registers caller memory (it must outlive the region). Throws Error when the MR table is full.
+    std::unique_ptr<MemoryRegion> reg_mr(std::span<std::byte> bytes, std::uint32_t access_flags);
+    // Throws Error on a bad attribute (no CQ, zero depth, more SGEs than rdmap::kMaxSge, too many QPs).
+    std::unique_ptr<QueuePair> create_qp(const QpInitAttr& attr);
+    Context& context() noexcept { return ctx_; }
+    std::uint32_t handle() const noexcept { return handle_; }
+
+private:
+    friend class Context;
+    ProtectionDomain(Context& ctx, std::uint32_t handle) : ctx_(ctx), handle_(handle) {}
+    Context& ctx_;
+    std::uint32_t handle_;
+};
+
+// ---- connection manager ------------------------------------------------------------------------------------
+// rdma_conn_param: private data and IRD/ORD, plus the MPA choices.
+struct ConnParam {
+    std::span<const std::byte> private_data{};  // at most 252 bytes (MPA revision 2)
+    std::uint16_t responder_resources{16};  // IRD: inbound READ/atomic requests we answer at once
+    std::uint16_t initiator_depth{16};      // ORD: outbound READ/atomic requests outstanding
+    bool peer_to_peer{false};               // RFC 6581 peer-to-peer mode (an RTR is sent/expected first)
+    mpa::CrcPolicy crc{mpa::CrcPolicy::off};
+};
+
+enum class CmEventType : std::uint8_t {
+    connect_request,  // on a listener: `request` holds the new id; accept() or reject() it
+    established,      // RDMA mode: the QP is in RTS
+    rejected,         // the peer rejected; private_data is the peer's
+    unreachable,      // TCP connect refused or timed out, or no MPA reply in time
+    disconnected,     // the stream ended (peer or local close, TERMINATE sent or received); QP in err
+    error,            // MPA negotiation failed (protocol, policy, IRD, RTR); `reason` says which
+};
+const char* to_string(CmEventType t) noexcept;
+
+// One event, owned by the application once taken. Control path (allocates).
+struct CmEvent {
+    CmEventType type{CmEventType::error};
+    CmId* id{nullptr};                  // the connection the event is about (connect_request: request.get())
+    CmListener* listener{nullptr};      // connect_request: the listener
+    std::unique_ptr<CmId> request;      // connect_request only
+    mpa::PrivateData private_data{};    // connect_request, established, rejected: the peer's
+    std::uint16_t ird{0};               // connect_request: peer's IRD/ORD; established: agreed
+    std::uint16_t ord{0};
+    std::string reason;                 // unreachable/error/disconnected: text
+};
+
+// One connection: MPA negotiation over a TCP connection, then the stream handed to the QP.
+class CmId {
+public:
+    ~CmId();  // aborts (RST) a connection still open
+    CmId(const CmId&) = delete;
+    CmId& operator=(const CmId&) = delete;
+
+    // Responder, after connect_request: replies and moves `qp` to RTS. False if not in request state or the
+    // private data is too long.
+    bool accept(QueuePair& qp, const ConnParam& param);
+    // Responder: an MPA reject reply with our private data, then close.
+    bool reject(std::span<const std::byte> private_data);
+    // Orderly: sends what the QP has framed, FIN, QP to err (outstanding WRs flushed). A disconnected event
+    // follows.
+    void disconnect();
+    // Abortive: RST at once, QP to err.
+    void abort();
+
+    // Peer's request (connect_request) / reply (established): IRD, ORD, private data.
+    const mpa::PrivateData& peer_private_data() const noexcept { return peer_pd_; }
+    QueuePair* qp() noexcept { return qp_; }
+    bool connected() const noexcept { return phase_ == Phase::rdma; }
+
+private:
+    friend class Context;
+    friend class CmListener;
+    friend class QueuePair;
+    struct TcpHandler;
+    enum class Phase : std::uint8_t { connecting, negotiating, request, rdma, closed };
+    explicit CmId(Context& ctx);
+
+    void on_tcp_connected();
+    void on_tcp_receive(std::span<const std::byte> bytes);
+    void on_tcp_sent();
+    void on_tcp_remote_close();
+    void on_tcp_error(const char* what, bool unreachable);
+    void negotiate_input(std::span<const std::byte> bytes);
+    void write_negotiation_output();
+    void check_outcome();
+    // Poll stage: negotiation time limits, a pending TCP close.
+    void service(mpa::Clock::time_point now);
+    void go_rdma(const mpa::Agreed& agreed);
+    // QP reached err (TERMINATE sent/received): close once the TERMINATE is out.
+    void qp_failed();
+    // Ends the connection: QP to err (flush), TCP closed in the poll stage, event (unless quiet).
+    void finish(CmEventType type, const std::string& reason, bool quiet = false);
+    void emit(CmEventType type, const std::string& reason = {});
+
+    Context& ctx_;
+    std::unique_ptr<TcpHandler> handler_;
+    std::unique_ptr<stack::TcpConnection> conn_;
+    std::optional<mpa::Initiator> ini_;
+    std::optional<mpa::Responder> resp_;
+    std::vector<std::byte> pd_copy_;  // our request private data, kept for the negotiator
+    Phase phase_{Phase::connecting};
+    bool initiator_{false};
+    QueuePair* qp_{nullptr};
+    CmListener* listener_{nullptr};
+    mpa::PrivateData peer_pd_{};
+    bool quiet_close_{false};    // the event was already given (initiator failure with TERMINATE)
+    std::uint16_t ird_{0};
+    std::uint16_t ord_{0};
+    bool close_pending_{false};  // close TCP once the QP's TX (the TERMINATE) is out
+};
+
+class CmListener {
+public:
+    ~CmListener();
+    CmListener(const CmListener&) = delete;
+    CmListener& operator=(const CmListener&) = delete;
+    std::uint16_t port() const noexcept { return port_; }
+
+private:
+    friend class Context;
+    struct Acceptor;
+    CmListener(Context& ctx, std::uint16_t port, const ConnParam& defaults);
+    Context& ctx_;
+    std::uint16_t port_;
+    ConnParam defaults_;
+    std::unique_ptr<Acceptor> acceptor_;
+    std::unique_ptr<stack::TcpListener> listener_;
+};
+
+// ---- device context ----------------------------------------------------------------------------------------
+struct ContextConfig {
+    io::PortConfig port{};
+    io::EalConfig eal{};
+    stack::StackConfig stack{};
+    std::uint32_t max_mr{4096};   // MR table entries (allocated at open)
+    std::uint32_t max_qp{1024};   // QPs (TX work list allocated at open)
+};
+
+class Context {
+public:
+    // Opens the io port and the lwIP stack. One per process. Throws io::Error / Error.
+    static std::unique_ptr<Context> open(const ContextConfig& cfg);
+    ~Context();
+    Context(const Context&) = delete;
+    Context& operator=(const Context&) = delete;
+
+    std::unique_ptr<ProtectionDomain> alloc_pd();
+    std::unique_ptr<CompletionQueue> create_cq(std::uint32_t cqe);
+
+    // One turn: network RX and protocol, CM timers, TX for every QP with work. Returns frames received.
+    unsigned poll() noexcept;
+    // Polls until done() or timeout; returns done().
+    bool run_until(const std::function<bool()>& done, std::chrono::milliseconds timeout);
+
+    // ---- connection manager: events on their own channel, apart from CQs ----
+    std::unique_ptr<CmListener> listen(std::uint16_t port, const ConnParam& defaults = {});
+    // Starts TCP connect + MPA negotiation; the QP (in init) must outlive the id or be destroyed first.
+    std::unique_ptr<CmId> connect(stack::Ipv4 addr, std::uint16_t port, QueuePair& qp, const ConnParam& param);
+    // The oldest CM event, if any (does not poll).
+    std::optional<CmEvent> get_cm_event();
+    // Polls until an event arrives or timeout.
+    std::optional<CmEvent> wait_cm_event(std::chrono::milliseconds timeout);
+
+    stack::Stack& stack() noexcept { return *stack_; }
+    io::Port& port() noexcept { return *port_; }
+
+private:
+    friend class ProtectionDomain;
+    friend class MemoryRegion;
+    friend class QueuePair;
+    friend class CmId;
+    friend class CmListener;
+    explicit Context(const ContextConfig& cfg);
+
+    struct MrEntry {
+        std::byte* base{nullptr};
+        std::size_t length{0};
+        std::uint32_t pd{0};
+        std::uint32_t access{0};
+        std::uint8_t key{0};
+        bool in_use{false};
+        bool valid{false};
+    };
+    // The MR check: PD, access, bounds, key, validity. `len` bytes at `to`. For local SGEs pass the local
+    // right needed (0 = read only).
+    rdmap::Mem mr_lookup(std::uint32_t stag, std::uint64_t to, std::size_t len, std::uint32_t pd,
+                         std::uint32_t need) noexcept;
+    MrEntry* mr_entry(std::uint32_t stag) noexcept;
+    void schedule_tx(QueuePair* qp) noexcept;
+    void new_request(CmListener& listener, std::unique_ptr<stack::TcpConnection> conn);
+    void push_event(CmEvent ev);
+    void drop_events(const CmId* id) noexcept;
+
+    ContextConfig cfg_;
+    std::unique_ptr<io::Port> port_;
+    std::unique_ptr<stack::Stack> stack_;
+    std::vector<MrEntry> mrs_;           // sized max_mr at open
+    std::vector<std::uint32_t> mr_free_;
+    std::uint8_t next_key_{0x5a};
+    std::uint32_t next_pd_{1};
+    std::uint32_t next_qpn_{1};
+    std::uint32_t qp_count_{0};
+    std::vector<QueuePair*> tx_list_;    // QPs with TX work; capacity max_qp, reserved at open
+    std::vector<CmId*> ids_;             // live CM ids (timers); control path
+    std::deque<CmEvent> events_;         // control path
+    std::vector<std::unique_ptr<CmId>> orphans_;  // accepted TCP connections before their connect_request
+    bool cm_work_{false};                // a CM id has work for the poll stage
+    mpa::Clock::time_point next_timer_{};
+};
+
+}  // namespace softrdma::verbs
