@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <stdexcept>
 
+#include <rte_cycles.h>
 #include <spdlog/spdlog.h>
 
 #include "stack/lwip_includes.hpp"
@@ -86,7 +87,8 @@ Stack::Stack(io::Port& port, const StackConfig& cfg)
     netif_set_default(netif_.get());
     netif_set_up(netif_.get());
     netif_set_link_up(netif_.get());
-    last_timer_ms_ = sys_now();
+    tsc_per_ms_ = std::max<std::uint64_t>(1, rte_get_timer_hz() / 1000);
+    next_timer_tsc_ = rte_get_timer_cycles() + tsc_per_ms_;
     spdlog::info("softrdma: stack {} on {} (MTU {})", cfg.address.str(), port.name(), port.mtu());
 }
 
@@ -204,9 +206,8 @@ unsigned Stack::poll() noexcept {
     }
     for (unsigned i = 0; i < ack_count_; ++i) ack_pending_[i]->send_deferred_ack();
     ack_count_ = 0;
-    const std::uint32_t now = sys_now();
-    if (now != last_timer_ms_) {
-        last_timer_ms_ = now;
+    if (const std::uint64_t tsc = rte_get_timer_cycles(); tsc >= next_timer_tsc_) {
+        next_timer_tsc_ = tsc + tsc_per_ms_;
         sys_check_timeouts();
     }
     flush_tx();
@@ -221,7 +222,8 @@ bool Stack::run_until(const std::function<bool()>& done, std::chrono::millisecon
         const std::uint64_t sent_before = counters_.tx_frames;
         // Idle = nothing received and nothing sent this turn (the caller's done() may be the one working).
         if (poll() == 0 && counters_.tx_frames == sent_before) {
-            if (++idle > 256) sched_yield();  // let a peer on the same core run
+            if (cfg_.idle_turns_before_yield != 0 && ++idle > cfg_.idle_turns_before_yield)
+                sched_yield();  // let a peer on the same core run
         } else {
             idle = 0;
         }

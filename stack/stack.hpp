@@ -36,6 +36,10 @@ struct StackConfig {
     Ipv4 address = Ipv4::parse("198.18.0.1");  // RFC 2544 benchmarking range: never routed anywhere
     Ipv4 netmask = Ipv4::parse("255.255.255.0");
     Ipv4 gateway{};
+    // Idle policy of run_until(): after this many turns with nothing received or sent, yield the core
+    // (sched_yield) on each further idle turn; 0 = spin only. Yielding lets two busy processes share a
+    // small machine; spinning gives the lowest latency when each has its own core.
+    unsigned idle_turns_before_yield = 256;
 };
 
 // lwIP pool and heap usage, for leak checks: every test ends by comparing against its start.
@@ -105,7 +109,9 @@ private:
     StackConfig cfg_;
     std::unique_ptr<netif> netif_;
     std::thread::id owner_;
-    std::uint32_t last_timer_ms_ = 0;
+    // lwIP's timers run at most once per millisecond; the check is one TSC read and compare per turn.
+    std::uint64_t next_timer_tsc_ = 0;
+    std::uint64_t tsc_per_ms_ = 1;
     // TX queue: frames lwIP produced, waiting for room in the driver's ring (a FIFO). Ownership: the
     // Stack's until tx_burst accepts them; after that the driver's. Sizing rule: absorbs a burst of one
     // full send window at MSS 1460 (256 KiB / 1460 = 180 frames) from several connections at once while
