@@ -24,10 +24,6 @@ using namespace softrdma::rdmap;
 
 namespace {
 
-std::filesystem::path captures_dir() {
-    if (const char* env = std::getenv("SOFTRDMA_CAPTURES")) return env;
-    return std::filesystem::path(SOFTRDMA_SOURCE_ROOT) / ".." / "shared" / "captures";
-}
 
 // Any STag, any TO: memory in 4 KiB pages created on first touch (so lookups come back in pieces, like a
 // region of scattered pages). Receives are always posted.
@@ -152,7 +148,7 @@ void replay(std::span<const std::byte> in, std::span<const std::byte> out, bool 
 }  // namespace
 
 TEST_CASE("siw captures replay into our Endpoint without a TERMINATE", "[rdmap][captures]") {
-    const auto dir = captures_dir();
+    const auto dir = wire::captures_dir();
     if (!std::filesystem::is_directory(dir)) {
         WARN("captures not found at " << dir << " (set SOFTRDMA_CAPTURES): skipping");
         SUCCEED();

@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: MIT
 #include "tests/wire/pcap.hpp"
 
+#include <cstdlib>
+
 #include <fstream>
 #include <iterator>
 #include <stdexcept>
@@ -188,6 +190,11 @@ std::vector<Frame> read_capture(const std::filesystem::path& path) {
     if (!in) throw std::runtime_error("capture: cannot open " + path.string());
     const std::vector<std::uint8_t> file{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
     return parse_capture(file);
+}
+
+std::filesystem::path captures_dir() {
+    if (const char* env = std::getenv("SOFTRDMA_CAPTURES")) return env;
+    return std::filesystem::path(SOFTRDMA_SOURCE_ROOT) / ".." / "shared" / "captures";
 }
 
 }  // namespace softrdma::wire

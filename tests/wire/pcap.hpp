@@ -37,4 +37,7 @@ private:
 std::vector<Frame> parse_capture(std::span<const std::uint8_t> file);
 std::vector<Frame> read_capture(const std::filesystem::path& path);
 
+// Where the real-peer captures are: $SOFTRDMA_CAPTURES, else ../shared/captures next to the source tree.
+std::filesystem::path captures_dir();
+
 }  // namespace softrdma::wire

@@ -23,11 +23,6 @@ using namespace softrdma::wire;
 
 namespace {
 
-// Where the captures are: $SOFTRDMA_CAPTURES, else ../shared/captures next to the source tree.
-std::filesystem::path captures_dir() {
-    if (const char* env = std::getenv("SOFTRDMA_CAPTURES")) return env;
-    return std::filesystem::path(SOFTRDMA_SOURCE_ROOT) / ".." / "shared" / "captures";
-}
 
 // The MPA startup of one connection, from captures/README.md and checked against the capture bytes.
 struct Startup {
