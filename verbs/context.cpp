@@ -141,7 +141,9 @@ Context::Context(const ContextConfig& cfg) : cfg_(cfg) {
     mrs_.resize(cfg.max_mr);
     mr_free_.reserve(cfg.max_mr);
     for (std::uint32_t i = cfg.max_mr; i-- > 0;) mr_free_.push_back(i);
-    tx_list_.reserve(cfg.max_qp);
+    // Sizing: a QP is listed at most once, but during a TX pass the QPs already taken off may list themselves
+    // again behind the ones being served: 2 x max_qp, so push_back never allocates.
+    tx_list_.reserve(2 * static_cast<std::size_t>(cfg.max_qp));
     ids_.reserve(cfg.max_qp);
 }
 
@@ -162,7 +164,7 @@ std::unique_ptr<CompletionQueue> Context::create_cq(std::uint32_t cqe) {
 void Context::schedule_tx(QueuePair* qp) noexcept {
     if (qp->in_tx_list_) return;
     qp->in_tx_list_ = true;
-    tx_list_.push_back(qp);  // capacity max_qp reserved at open; create_qp enforces the count
+    tx_list_.push_back(qp);  // capacity reserved at open (see the constructor)
 }
 
 unsigned Context::poll() noexcept {

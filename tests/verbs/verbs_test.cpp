@@ -89,13 +89,14 @@ struct Peer {
         return std::move(*ev);
     }
 
-    // Server: listen, take the request, accept with our region in the private data.
-    void serve(std::uint16_t ird = 16) {
+    // Server: listen, take the request, accept with our region (or `advert`) in the private data.
+    void serve(std::optional<RemoteRegion> advert = std::nullopt) {
         listener = ctx->listen(cfg.tcp_port);
         auto ev = wait_event(verbs::CmEventType::connect_request);
         remote = region_from(ev.private_data);
         id = std::move(ev.request);
-        const RemoteRegion me = local();
+        const RemoteRegion me = advert.value_or(local());
+        const std::uint16_t ird = 16;
         if (!id->accept(*qp, {.private_data = as_bytes(me), .responder_resources = ird, .initiator_depth = 16}))
             throw std::runtime_error("accept refused");
         wait_event(verbs::CmEventType::established);
@@ -391,25 +392,28 @@ namespace {
 // The violation cases: the client does something the server must refuse. The server's QP sends the TERMINATE
 // `want` and goes to ERR with its receives flushed; the client receives that TERMINATE and goes to ERR with
 // its receives (and any outstanding send WR) flushed.
-// `consumed`: the offence uses the server's two receives first (SEND without receive), so they complete
-// successfully instead of being flushed.
+// `consumed`: how many of the server's two receives the offence uses first (they complete successfully; the
+// rest are flushed). `wrong_pd`: the server advertises a region of another PD.
 void violation_case(const std::function<void(Peer&)>& offend, const TermCode want, std::uint32_t server_access,
-                    bool consumed = false) {
+                    int consumed = 0, bool wrong_pd = false) {
     auto server = [&](const PeerConfig& cfg) {
         Peer p(cfg, 4096, server_access);
+        std::vector<std::byte> other(4096);
+        auto pd2 = p.ctx->alloc_pd();
+        auto mr2 = pd2->reg_mr(other, kAll);
         p.post_recv(1, 0, 64);
         p.post_recv(2, 64, 64);
-        p.serve();
+        p.serve(wrong_pd ? std::optional(RemoteRegion{mr2->addr(), mr2->rkey(), 4096}) : std::nullopt);
         auto wc = p.wait_wc(2);
-        const WcStatus st = consumed ? WcStatus::success : WcStatus::wr_flush_err;
-        Peer::expect(wc[0], st, WcOpcode::recv, 1);
-        Peer::expect(wc[1], st, WcOpcode::recv, 2);
+        for (int i = 0; i < 2; ++i)
+            Peer::expect(wc[i], i < consumed ? WcStatus::success : WcStatus::wr_flush_err, WcOpcode::recv, 1 + i);
         p.wait_event(verbs::CmEventType::disconnected);
         const auto& t = p.qp->terminate_info();
         if (!t || t->received) throw std::runtime_error("server sent no TERMINATE");
         report("server sent TERMINATE " + term_str(t->code) + ", QP " + verbs::to_string(p.qp->state()));
         if (!(t->code == want)) throw std::runtime_error("wrong TERMINATE, wanted " + term_str(want));
         if (p.qp->state() != verbs::QpState::err) throw std::runtime_error("server QP not in ERR");
+        mr2.reset();
         return p.end(0);
     };
     auto client = [&](const PeerConfig& cfg) {
@@ -482,5 +486,153 @@ TEST_CASE("SEND without a posted receive: TERMINATE no buffer", "[verbs][memif]"
                 p.post_send({.wr_id = 50u + i, .opcode = verbs::WrOpcode::send});
             post_offence_then_read(p, {.wr_id = 52, .opcode = verbs::WrOpcode::send});
         },
-        ddp::err::u_no_buffer, kAll, /*consumed=*/true);
+        ddp::err::u_no_buffer, kAll, /*consumed=*/2);
+}
+
+TEST_CASE("READ without the remote-read right: TERMINATE access violation", "[verbs][memif]") {
+    violation_case(
+        [](Peer& p) {
+            const verbs::Sge s = p.mr->sge(0, 32);
+            post_offence_then_read(p, {.wr_id = 98, .opcode = verbs::WrOpcode::rdma_read, .sg_list = {&s, 1},
+                                       .rdma = {p.remote.addr, p.remote.rkey}});
+        },
+        rdmap::err::p_access, verbs::access::local_write | verbs::access::remote_write);
+}
+
+TEST_CASE("fetch-add without the remote-atomic right: TERMINATE access violation", "[verbs][memif]") {
+    violation_case(
+        [](Peer& p) {
+            const verbs::Sge s = p.mr->sge(0, 8);
+            post_offence_then_read(p, {.wr_id = 98, .opcode = verbs::WrOpcode::atomic_fetch_and_add,
+                                       .sg_list = {&s, 1}, .atomic = {p.remote.addr, 1, 0, p.remote.rkey}});
+        },
+        rdmap::err::p_access, verbs::access::local_write | verbs::access::remote_write | verbs::access::remote_read);
+}
+
+TEST_CASE("WRITE above and below the region: TERMINATE base or bounds", "[verbs][memif]") {
+    for (const std::int64_t at : {std::int64_t{4096 - 16}, std::int64_t{-8}}) {
+        INFO("offset " << at);
+        violation_case(
+            [at](Peer& p) {
+                const verbs::Sge s = p.mr->sge(0, 32);
+                post_offence_then_read(p, {.wr_id = 1, .opcode = verbs::WrOpcode::rdma_write, .sg_list = {&s, 1},
+                                           .rdma = {p.remote.addr + static_cast<std::uint64_t>(at), p.remote.rkey}});
+            },
+            ddp::err::t_base_bounds, kAll);
+    }
+}
+
+TEST_CASE("WRITE to a region of another PD: TERMINATE STag not associated", "[verbs][memif]") {
+    violation_case(
+        [](Peer& p) {
+            const verbs::Sge s = p.mr->sge(0, 32);
+            post_offence_then_read(p, {.wr_id = 1, .opcode = verbs::WrOpcode::rdma_write, .sg_list = {&s, 1},
+                                       .rdma = {p.remote.addr, p.remote.rkey}});
+        },
+        ddp::err::t_stag_not_assoc, kAll, 0, /*wrong_pd=*/true);
+}
+
+TEST_CASE("WRITE to an STag the peer invalidated by SEND_INV: TERMINATE invalid STag", "[verbs][memif]") {
+    violation_case(
+        [](Peer& p) {
+            p.post_send({.wr_id = 60, .opcode = verbs::WrOpcode::send_with_inv, .invalidate_rkey = p.remote.rkey});
+            const verbs::Sge s = p.mr->sge(0, 32);
+            post_offence_then_read(p, {.wr_id = 1, .opcode = verbs::WrOpcode::rdma_write, .sg_list = {&s, 1},
+                                       .rdma = {p.remote.addr, p.remote.rkey}});
+        },
+        ddp::err::t_invalid_stag, kAll, /*consumed=*/1);
+}
+
+TEST_CASE("peer-to-peer: the RTR lets the responder send first", "[verbs][memif]") {
+    auto server = [](const PeerConfig& cfg) {
+        Peer p(cfg, 4096, verbs::access::local_write);
+        p.post_recv(1, 0, 64);
+        p.serve();
+        std::memcpy(p.buf.data() + 1024, "responder first", 15);
+        const verbs::Sge s = p.mr->sge(1024, 15);
+        p.post_send({.wr_id = 2, .opcode = verbs::WrOpcode::send, .send_flags = verbs::send_flags::signaled,
+                     .sg_list = {&s, 1}});
+        auto wc = p.wait_wc(2);  // our SEND, then the client's answer
+        Peer::expect(wc[0], WcStatus::success, WcOpcode::send, 2);
+        Peer::expect(wc[1], WcStatus::success, WcOpcode::recv, 1);
+        return p.end(0);
+    };
+    auto client = [](const PeerConfig& cfg) {
+        Peer p(cfg, 4096, verbs::access::local_write);
+        p.post_recv(1, 0, 64);
+        p.connect(/*p2p=*/true);
+        auto wc = p.wait_wc(1);
+        Peer::expect(wc[0], WcStatus::success, WcOpcode::recv, 1);
+        if (wc[0].byte_len != 15 || std::memcmp(p.buf.data(), "responder first", 15) != 0)
+            throw std::runtime_error("responder's SEND content");
+        p.post_send({.wr_id = 3, .opcode = verbs::WrOpcode::send, .send_flags = verbs::send_flags::signaled});
+        Peer::expect(p.wait_wc(1)[0], WcStatus::success, WcOpcode::send, 3);
+        report("responder sent first after the RTR");
+        return p.end(0);
+    };
+    check_outcomes(run_pair(server, client));
+}
+
+TEST_CASE("connect to a port nobody listens on: unreachable, receives flushed", "[verbs][memif]") {
+    auto server = [](const PeerConfig& cfg) {
+        Peer p(cfg, 64, verbs::access::local_write);
+        p.ctx->run_until([] { return false; }, 1500ms);  // no listener: the client's SYN is refused
+        return p.end(0);
+    };
+    auto client = [](const PeerConfig& cfg) {
+        Peer p(cfg, 64, verbs::access::local_write);
+        p.post_recv(5, 0, 64);
+        p.id = p.ctx->connect(cfg.peer, cfg.tcp_port, *p.qp, {});
+        auto ev = p.wait_event(verbs::CmEventType::unreachable);
+        report("unreachable: " + ev.reason);
+        Peer::expect(p.wait_wc(1)[0], WcStatus::wr_flush_err, WcOpcode::recv, 5);
+        p.disconnected = true;
+        return p.end(0);
+    };
+    check_outcomes(run_pair(server, client));
+}
+
+TEST_CASE("64 MiB of WRITEs with content check", "[verbs][memif]") {
+    constexpr std::size_t kRegion = 4 << 20;
+    constexpr int kWrites = 64;  // 1 MiB each, round the 4 MiB region
+    constexpr std::uint32_t kLen = 1 << 20;
+    auto server = [](const PeerConfig& cfg) {
+        Peer p(cfg, kRegion, kAll);
+        for (int i = 0; i < 16; ++i) p.post_recv(i, 0, 0);
+        p.serve();
+        // After every 4 WRITEs the client SENDs a marker; check the region then, repost.
+        for (int round = 0; round < kWrites / 4; ++round) {
+            Peer::expect(p.wait_wc(1)[0], WcStatus::success, WcOpcode::recv, round);
+            for (int k = 0; k < 4; ++k) {
+                const int i = round * 4 + k;
+                if (const auto bad = check_pattern(i, 0, std::span(p.buf).subspan(k * kLen, kLen)); bad >= 0)
+                    throw std::runtime_error("WRITE " + std::to_string(i) + " differs at " + std::to_string(bad));
+            }
+            // Tell the client the region may be written again.
+            p.post_send({.wr_id = 100u + round, .opcode = verbs::WrOpcode::send});
+        }
+        report("64 MiB verified");
+        return p.end(0);
+    };
+    auto client = [](const PeerConfig& cfg) {
+        Peer p(cfg, kRegion, verbs::access::local_write);
+        for (int i = 0; i < 16; ++i) p.post_recv(i, 0, 0);
+        p.connect();
+        const auto t0 = std::chrono::steady_clock::now();
+        for (int round = 0; round < kWrites / 4; ++round) {
+            for (int k = 0; k < 4; ++k) {
+                fill_pattern(round * 4 + k, 0, std::span(p.buf).subspan(k * kLen, kLen));
+                const verbs::Sge s = p.mr->sge(k * kLen, kLen);
+                p.post_send({.wr_id = static_cast<std::uint64_t>(round * 4 + k), .opcode = verbs::WrOpcode::rdma_write,
+                             .sg_list = {&s, 1}, .rdma = {p.remote.addr + k * kLen, p.remote.rkey}});
+            }
+            p.post_send({.wr_id = 1000u + round, .opcode = verbs::WrOpcode::send, .send_flags = verbs::send_flags::signaled});
+            Peer::expect(p.wait_wc(1)[0], WcStatus::success, WcOpcode::send, 1000u + round);
+            Peer::expect(p.wait_wc(1)[0], WcStatus::success, WcOpcode::recv, round);  // the server checked
+        }
+        const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        report("MBps=" + std::to_string(64.0 * (1 << 20) / secs / 1e6));
+        return p.end(0);
+    };
+    check_outcomes(run_pair(server, client));
 }
