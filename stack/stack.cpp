@@ -94,6 +94,7 @@ Stack::Stack(io::Port& port, const StackConfig& cfg)
 
 Stack::~Stack() {
     flush_tx();
+    drop_tx_queue();  // what the driver would not take
     purge_time_wait();
     netif_remove(netif_.get());
     g_stack = nullptr;
@@ -148,7 +149,12 @@ signed char Stack::link_output(netif* nif, pbuf* p) {
 void Stack::flush_tx() noexcept {
     while (tx_head_ != tx_tail_) {
         const unsigned sent = port_.tx_burst(std::span(tx_queue_ + tx_head_, std::min(tx_tail_ - tx_head_, 64u)));
-        if (sent == 0) break;
+        if (sent == 0) {
+            // A full ring waits for the next turn; a link that is down (the peer is gone) never takes them:
+            // drop what is queued rather than hold mbufs for it (TCP resends if the link comes back).
+            if (!port_.link_up()) drop_tx_queue();
+            break;
+        }
         tx_head_ += sent;
     }
     if (tx_head_ == tx_tail_) {
@@ -158,6 +164,12 @@ void Stack::flush_tx() noexcept {
         tx_tail_ -= tx_head_;
         tx_head_ = 0;
     }
+}
+
+void Stack::drop_tx_queue() noexcept {
+    for (unsigned i = tx_head_; i < tx_tail_; ++i) rte_pktmbuf_free(tx_queue_[i]);  // still ours: never sent
+    counters_.tx_dropped += tx_tail_ - tx_head_;
+    tx_head_ = tx_tail_ = 0;
 }
 
 // wire -> lwIP. Ownership: the mbuf comes from the port (ours); each segment is wrapped in an RxPbuf and

@@ -136,6 +136,16 @@ void TcpConnection::flush() noexcept {
     if (pcb_ != nullptr) tcp_output(pcb_);
 }
 
+void TcpConnection::set_keepalive(std::chrono::milliseconds idle, std::chrono::milliseconds interval,
+                                  unsigned probes) noexcept {
+    stack_.assert_owner();
+    if (pcb_ == nullptr) return;
+    ip_set_option(pcb_, SOF_KEEPALIVE);
+    pcb_->keep_idle = static_cast<u32_t>(idle.count());
+    pcb_->keep_intvl = static_cast<u32_t>(interval.count());
+    pcb_->keep_cnt = probes;
+}
+
 bool TcpConnection::close() noexcept {
     stack_.assert_owner();
     if (pcb_ == nullptr) return true;

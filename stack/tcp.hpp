@@ -100,6 +100,11 @@ public:
     // so no FPDU is cut across two segments.
     bool tx_segment_boundary() const noexcept;
 
+    // Detects a peer that vanished while this side only receives (nothing to retransmit, so TCP alone
+    // would wait forever): after `idle` without traffic, probe every `interval`; after `probes` unanswered
+    // probes the connection ends with on_error(timed_out).
+    void set_keepalive(std::chrono::milliseconds idle, std::chrono::milliseconds interval, unsigned probes) noexcept;
+
     // Orderly close of both directions (FIN). The connection object may be destroyed right after; lwIP
     // finishes the close on its own. Returns false if lwIP had no memory to queue the FIN (try again).
     bool close() noexcept;

@@ -82,8 +82,11 @@
  * minimum RTO at tens of ms. TCP_MSL bounds TIME_WAIT (2*MSL): the stack purges it at shutdown. */
 #define TCP_TMR_INTERVAL                10
 #define TCP_MSL                         2000UL
+/* Retransmissions before a connection is declared dead. lwIP doubles the RTO each time (x2 .. x128), so
+ * with a local link's RTO of a few 10 ms ticks, 8 tries give up after roughly 10-20 s: a dead peer becomes
+ * an error in seconds, not the quarter hour of kernel TCP. */
 #define TCP_SYNMAXRTX                   6
-#define TCP_MAXRTX                      12
+#define TCP_MAXRTX                      8
 
 /* ---- pools (memp): counts are objects ---------------------------------------------------------------- */
 /* 1024 RDMA connections per process (verbs target) + 64 for listeners and connections in TIME_WAIT. */

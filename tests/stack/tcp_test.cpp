@@ -62,6 +62,19 @@ TEST_CASE("an abort by the peer is reported as reset", "[stack][memif]") {
     CHECK(out[1].report.find("connection reset by peer") != std::string::npos);
 }
 
+TEST_CASE("a peer that dies mid-stream is reported, not waited for", "[stack][memif]") {
+    auto [server, client] = memif_pair();
+    const auto out = run_roles({{"receiver", [&] { return dead_peer_detecting_server(server); }},
+                                {"dying sender", [&] { return dying_client(client, 8ull << 20); }, 200ms}},
+                               90s);
+    INFO(out[0].report << "\n" << out[1].report);
+    CHECK_FALSE(out[0].timed_out);
+    CHECK(out[0].exit_code == 0);
+    CHECK(out[0].report.find("timed out") != std::string::npos);
+    CHECK(out[0].report.find("pools back to start") != std::string::npos);
+    CHECK(out[1].report.find("dying after sending") != std::string::npos);
+}
+
 TEST_CASE("100 concurrent connections each move 1 MiB", "[stack][memif]") {
     auto [server, client] = memif_pair();
     constexpr std::uint64_t bytes = 1ull << 20;

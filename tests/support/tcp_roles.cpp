@@ -256,6 +256,50 @@ int stream_client(const PeerConfig& cfg, std::uint64_t bytes, unsigned connectio
     return finish(env, rc);
 }
 
+int dead_peer_detecting_server(const PeerConfig& cfg) {
+    Env env = start(cfg);
+    int rc = 1;
+    {
+        Acceptor acceptor;
+        acceptor.expected = ~0ull;
+        stack::TcpListener listener(*env.stack, cfg.tcp_port, acceptor);
+        if (!env.stack->run_until([&] { return !acceptor.sinks.empty(); }, 20s)) {
+            report("no connection");
+            return finish(env, 1);
+        }
+        StreamSink& sink = *acceptor.sinks[0];
+        sink.conn->set_keepalive(1s, 500ms, 3);
+        std::uint64_t last = 0;
+        auto quiet_since = std::chrono::steady_clock::now();
+        env.stack->run_until([&] {
+            if (sink.received != last) {
+                last = sink.received;
+                quiet_since = std::chrono::steady_clock::now();
+            }
+            return !sink.error.empty() || sink.closed;
+        }, 60s);
+        const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - quiet_since).count();
+        report("received " + std::to_string(sink.received) + " bytes; connection ended with: " +
+               (sink.error.empty() ? std::string(sink.closed ? "orderly close" : "nothing (still open)") : sink.error));
+        report("peer loss detected after " + std::to_string(secs) + " s");
+        if (sink.error == stack::to_string(TcpError::timed_out)) rc = 0;
+        sink.conn.reset();
+    }
+    return finish(env, rc);
+}
+
+int dying_client(const PeerConfig& cfg, std::uint64_t bytes_before_death) {
+    Env env = start(cfg);
+    StreamSource s;
+    s.seed = 7;
+    s.total = 1ull << 40;  // never finishes on its own
+    s.conn = stack::connect(*env.stack, cfg.peer, cfg.tcp_port, s, 10s);
+    env.stack->run_until([&] { return s.sent >= bytes_before_death || !s.error.empty(); }, 30s);
+    env.stack->run_until([] { return false; }, 50ms);  // let the data go out
+    report("dying after sending " + std::to_string(s.sent) + " bytes");
+    ::_exit(0);  // no FIN, no RST, no DPDK teardown: as if killed
+}
+
 int idle_peer(const PeerConfig& cfg, unsigned seconds) {
     Env env = start(cfg);
     unsigned turns = 0;

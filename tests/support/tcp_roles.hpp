@@ -34,6 +34,11 @@ int finish_checks(stack::Stack& stack, io::Port& port, const stack::PoolUsage& b
 int stream_server(const PeerConfig& cfg, std::uint64_t bytes, unsigned connections);
 // Opens `connections` connections to cfg.peer:cfg.tcp_port, sends the streams, closes.
 int stream_client(const PeerConfig& cfg, std::uint64_t bytes, unsigned connections);
+// Receives one stream with keepalive on (1 s idle, 0.5 s interval, 3 probes); succeeds if the connection
+// ends with "timed out" after the sender vanished. Reports "peer loss detected after S s".
+int dead_peer_detecting_server(const PeerConfig& cfg);
+// Sends part of a stream, then the process ends at once (no FIN, no RST): a peer that dies.
+int dying_client(const PeerConfig& cfg, std::uint64_t bytes_before_death);
 // Runs a stack with no listener until the peer leaves (link down) or `seconds` pass.
 int idle_peer(const PeerConfig& cfg, unsigned seconds);
 // Connects to a port nobody listens on; succeeds if the error reported is "refused".
