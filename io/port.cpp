@@ -83,12 +83,19 @@ std::uint32_t data_room_for(std::uint16_t mtu) {
 std::string to_string(const MacAddress& mac) { return format_mac(mac); }
 
 Port::Port(std::uint16_t port_id, std::string name, const PortConfig& cfg)
-    : port_id_(port_id), name_(std::move(name)), mtu_(cfg.mtu) {}
+    : port_id_(port_id), name_(std::move(name)), mtu_(cfg.mtu),
+      memif_(cfg.backend == Backend::memif) {}
 
 Port::~Port() {
     if (started_) {
-        rte_eth_dev_stop(port_id_);
-        rte_eth_dev_close(port_id_);
+        // DPDK 22.11's memif frees its shared regions a second time ("EAL: Error: Invalid memory") when it
+        // is stopped after its interrupt thread already handled the peer's disconnect; and ethdev will not
+        // close a started port. So a memif port whose peer is already gone is left to process exit, which
+        // releases its memory and socket; every other port is stopped and closed.
+        if (!memif_ || link_up()) {
+            rte_eth_dev_stop(port_id_);
+            rte_eth_dev_close(port_id_);
+        }
     }
     if (capture_) capture_->flush();
     // The pool outlives nothing that uses it: the stack returns every mbuf before the Port goes.

@@ -122,6 +122,7 @@ private:
     MacAddress mac_{};
     std::uint16_t mtu_ = 1500;
     bool started_ = false;
+    bool memif_ = false;
     PortCounters counters_;
     std::unique_ptr<PcapWriter> capture_;
     // Refused frames are a suffix the caller offers again: remember them so the capture records each once.
