@@ -145,7 +145,15 @@ bool CmId::reject(std::span<const std::byte> private_data) {
 }
 
 void CmId::disconnect() {
-    if (phase_ == Phase::rdma && qp_ != nullptr) qp_->tx_pump();  // what is framed goes before the FIN
+    if (phase_ == Phase::rdma && qp_ != nullptr && qp_->state_ == QpState::rts && !qp_->tx_idle()) {
+        qp_->state_ = QpState::sqd;  // post_send refused from here; what is queued still goes out
+        qp_->schedule_tx();
+        draining_ = true;
+        drain_deadline_ = mpa::Clock::now() + std::chrono::seconds(5);
+        ctx_.cm_work_ = true;
+        return;
+    }
+    if (draining_) return;
     finish(CmEventType::disconnected, "local disconnect");
 }
 
@@ -321,6 +329,10 @@ void CmId::emit(CmEventType type, const std::string& reason) {
 }
 
 void CmId::service(mpa::Clock::time_point now) {
+    if (draining_ && (phase_ != Phase::rdma || qp_ == nullptr || qp_->tx_idle() || now >= drain_deadline_)) {
+        draining_ = false;
+        finish(CmEventType::disconnected, "local disconnect");
+    }
     if (phase_ == Phase::negotiating) {
         if (initiator_) ini_->poll(now);
         else resp_->poll(now);

@@ -298,6 +298,8 @@ private:
     void stream_lost() noexcept;
     void detach_conn() noexcept { conn_ = nullptr; }
     void schedule_tx() noexcept;
+    // Nothing framed or ready to frame (the send queue reached TCP, or only ORD-blocked requests remain).
+    bool tx_idle() const noexcept { return tx_len_ == 0 && (!ep_ || !ep_->tx_ready()); }
     void enter_error() noexcept;
     void flush_rq() noexcept;
     void flush_sq_unstarted() noexcept;
@@ -427,8 +429,9 @@ public:
     bool accept(QueuePair& qp, const ConnParam& param);
     // Responder: an MPA reject reply with our private data, then close.
     bool reject(std::span<const std::byte> private_data);
-    // Orderly: sends what the QP has framed, FIN, QP to err (outstanding WRs flushed). A disconnected event
-    // follows.
+    // Orderly: the QP goes to SQD (no new sends), the send queue drains to TCP (bounded by 5 s), then FIN and
+    // the QP to err (what is still outstanding, e.g. READs awaiting their response, is flushed). A
+    // disconnected event follows.
     void disconnect();
     // Abortive: RST at once, QP to err.
     void abort();
@@ -474,6 +477,8 @@ private:
     QueuePair* qp_{nullptr};
     CmListener* listener_{nullptr};
     mpa::PrivateData peer_pd_{};
+    bool draining_{false};       // disconnect(): waiting for the QP's send queue to reach TCP
+    mpa::Clock::time_point drain_deadline_{};
     bool quiet_close_{false};    // the event was already given (initiator failure with TERMINATE)
     std::uint16_t ird_{0};
     std::uint16_t ord_{0};

@@ -636,3 +636,44 @@ TEST_CASE("64 MiB of WRITEs with content check", "[verbs][memif]") {
     };
     check_outcomes(run_pair(server, client));
 }
+
+TEST_CASE("disconnect right after posting 8 MiB: everything completes, the peer gets it all before the FIN",
+          "[verbs][memif]") {
+    constexpr std::uint32_t kLen = 1 << 20;
+    auto server = [](const PeerConfig& cfg) {
+        Peer p(cfg, 8 * kLen, kAll);
+        p.post_recv(1, 0, 0);
+        p.post_recv(2, 0, 0);
+        p.serve();
+        Peer::expect(p.wait_wc(1)[0], WcStatus::success, WcOpcode::recv, 1);  // the SEND after the WRITEs
+        if (const auto bad = check_pattern(9, 0, p.buf); bad >= 0)
+            throw std::runtime_error("WRITE content differs at " + std::to_string(bad));
+        p.wait_event(verbs::CmEventType::disconnected);
+        Peer::expect(p.wait_wc(1)[0], WcStatus::wr_flush_err, WcOpcode::recv, 2);
+        report("all data before the FIN");
+        return p.end(0);
+    };
+    auto client = [](const PeerConfig& cfg) {
+        Peer p(cfg, 8 * kLen, verbs::access::local_write);
+        p.connect();
+        fill_pattern(9, 0, p.buf);
+        for (std::uint32_t i = 0; i < 8; ++i) {
+            const verbs::Sge s = p.mr->sge(i * kLen, kLen);
+            p.post_send({.wr_id = i, .opcode = verbs::WrOpcode::rdma_write, .send_flags = verbs::send_flags::signaled,
+                         .sg_list = {&s, 1}, .rdma = {p.remote.addr + i * kLen, p.remote.rkey}});
+        }
+        p.post_send({.wr_id = 8, .opcode = verbs::WrOpcode::send, .send_flags = verbs::send_flags::signaled});
+        p.id->disconnect();
+        if (p.qp->state() != verbs::QpState::sqd) throw std::runtime_error("QP not in SQD while draining");
+        const verbs::SendWr late{.wr_id = 50, .opcode = verbs::WrOpcode::send};
+        if (p.qp->post_send({&late, 1}).err != verbs::PostErrc::invalid_state)
+            throw std::runtime_error("post_send in SQD accepted");
+        p.wait_event(verbs::CmEventType::disconnected);
+        auto wc = p.wait_wc(9);
+        for (std::uint32_t i = 0; i < 9; ++i)
+            Peer::expect(wc[i], WcStatus::success, i < 8 ? WcOpcode::rdma_write : WcOpcode::send, i);
+        if (p.qp->state() != verbs::QpState::err) throw std::runtime_error("QP not in ERR after disconnect");
+        return p.end(0);
+    };
+    check_outcomes(run_pair(server, client));
+}
