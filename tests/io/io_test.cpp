@@ -38,6 +38,14 @@ ChildOutcome expect_open_failure(const io::PortConfig& cfg, const io::EalConfig&
     });
 }
 
+// The child failed the way a user should see it: exit code 1 and a message containing `needle`.
+void check_failed_with(const ChildOutcome& out, const std::string& needle) {
+    INFO(out.report);
+    CHECK_FALSE(out.timed_out);
+    CHECK(out.exit_code == 1);
+    CHECK(out.report.find(needle) != std::string::npos);
+}
+
 std::vector<std::vector<std::byte>> read_pcap(const std::string& path) {
     std::ifstream in(path, std::ios::binary);
     std::vector<std::vector<std::byte>> frames;
@@ -125,20 +133,13 @@ TEST_CASE("bad io configurations fail with one clear error", "[io][errors]") {
         io::PortConfig cfg;
         cfg.backend = io::Backend::device;
         cfg.device = "net_nosuchdriver0";
-        const auto out = expect_open_failure(cfg);
-        INFO(out.report);
-        CHECK(out.exit_code == 1);
-        CHECK(out.report.find("error: ") != std::string::npos);
-        CHECK(out.report.find("net_nosuchdriver0") != std::string::npos);
+        check_failed_with(expect_open_failure(cfg), "net_nosuchdriver0");
     }
     SECTION("af_packet on an interface that does not exist") {
         io::PortConfig cfg;
         cfg.backend = io::Backend::af_packet;
         cfg.iface = "srnosuch0";
-        const auto out = expect_open_failure(cfg);
-        INFO(out.report);
-        CHECK(out.exit_code == 1);
-        CHECK(out.report.find("does the af_packet interface 'srnosuch0' exist") != std::string::npos);
+        check_failed_with(expect_open_failure(cfg), "does the af_packet interface 'srnosuch0' exist");
     }
     SECTION("memif peer that never appears") {
         io::PortConfig cfg;
@@ -146,20 +147,14 @@ TEST_CASE("bad io configurations fail with one clear error", "[io][errors]") {
         cfg.memif_server = false;
         cfg.link_timeout = 1500ms;
         const auto started = std::chrono::steady_clock::now();
-        const auto out = expect_open_failure(cfg);
-        INFO(out.report);
-        CHECK(out.exit_code == 1);
-        CHECK(out.report.find("server process running") != std::string::npos);
+        check_failed_with(expect_open_failure(cfg), "server process running");
         CHECK(std::chrono::steady_clock::now() - started < 20s);
     }
     SECTION("memif server whose client never comes") {
         io::PortConfig cfg;
         cfg.memif_socket = "/run/" + unique_name("softrdma-noclient-") + ".sock";
         cfg.link_timeout = 1s;
-        const auto out = expect_open_failure(cfg);
-        INFO(out.report);
-        CHECK(out.exit_code == 1);
-        CHECK(out.report.find("peer never appeared") != std::string::npos);
+        check_failed_with(expect_open_failure(cfg), "peer never appeared");
     }
     SECTION("MTU below IPv4's minimum") {
         io::PortConfig cfg;
@@ -174,9 +169,7 @@ TEST_CASE("bad io configurations fail with one clear error", "[io][errors]") {
                 return 1;
             }
         });
-        INFO(out.report);
-        CHECK(out.exit_code == 1);
-        CHECK(out.report.find("minimum") != std::string::npos);
+        check_failed_with(out, "minimum");
     }
     SECTION("a core list this machine does not have") {
         io::PortConfig cfg;
@@ -184,9 +177,6 @@ TEST_CASE("bad io configurations fail with one clear error", "[io][errors]") {
         cfg.device = "net_null0";
         io::EalConfig eal;
         eal.lcores = "250";
-        const auto out = expect_open_failure(cfg, eal);
-        INFO(out.report);
-        CHECK(out.exit_code == 1);
-        CHECK(out.report.find("core list") != std::string::npos);
+        check_failed_with(expect_open_failure(cfg, eal), "core list");
     }
 }
