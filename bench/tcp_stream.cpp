@@ -3,7 +3,8 @@
 // layer. Forks a receiver (core 0) and a sender (core 1), streams verified pattern bytes, and prints the
 // receiver's throughput; repeats and reports the median.
 //
-//   tcp_stream [--mtu 1500|9000]... [--mib N] [--connections N] [--runs N] [--yield-after N] [--verbose]
+//   tcp_stream [--mtu 1500|9000]... [--mib N] [--connections N] [--runs N] [--yield-after N] [--no-huge]
+//              [--verbose]
 // --yield-after: idle poll turns before yielding the core (0 = spin only; see stack::StackConfig).
 #include <algorithm>
 #include <cstdio>
@@ -32,12 +33,12 @@ int main(int argc, char** argv) {
     std::vector<unsigned> mtus;
     std::uint64_t mib = 512;
     unsigned connections = 1, runs = 3;
-    bool verbose = false;
+    bool verbose = false, no_huge = false;
     unsigned yield_after = 0;  // idle turns before a poller yields its core; 0 = spin (each process has a core)
     for (int i = 1; i < argc; i += 2) {
         const std::string a = argv[i];
-        if (a == "--verbose") {
-            verbose = true;
+        if (a == "--verbose" || a == "--no-huge") {
+            (a == "--verbose" ? verbose : no_huge) = true;
             --i;
             continue;
         }
@@ -49,7 +50,7 @@ int main(int argc, char** argv) {
         else if (a == "--connections") connections = std::max(1u, v);
         else if (a == "--runs") runs = std::max(1u, v);
         else {
-            std::fprintf(stderr, "usage: %s [--mtu 1500|9000]... [--mib N] [--connections N] [--runs N] [--yield-after N] [--verbose]\n", argv[0]);
+            std::fprintf(stderr, "usage: %s [--mtu 1500|9000]... [--mib N] [--connections N] [--runs N] [--yield-after N] [--no-huge] [--verbose]\n", argv[0]);
             return 2;
         }
     }
@@ -64,6 +65,7 @@ int main(int argc, char** argv) {
         for (unsigned r = 0; r < runs; ++r) {
             auto [server, client] = memif_pair(static_cast<std::uint16_t>(mtu));
             server.stack.idle_turns_before_yield = client.stack.idle_turns_before_yield = yield_after;
+            if (no_huge) server.eal.hugepages = client.eal.hugepages = io::Hugepages::off;
             const std::uint64_t bytes = (mib << 20) / connections;
             const auto out = run_roles({{"receiver", [&] { return stream_server(server, bytes, connections); }},
                                         {"sender", [&] { return stream_client(client, bytes, connections); }, 200ms}},

@@ -81,10 +81,9 @@ void start_eal(const EalConfig& cfg) {
     else args.insert(args.end(), {"-l", "0"});
     const std::string prefix =
         cfg.file_prefix.empty() ? "softrdma-" + std::to_string(::getpid()) : cfg.file_prefix;
-    // --in-memory: no shared runtime files, so a crashed process leaves nothing behind for the next one;
-    // the prefix still keeps two processes' names apart.
-    args.insert(args.end(), {"--file-prefix", prefix, "--in-memory", "--no-telemetry",
-                             "--log-level", std::to_string(cfg.log_level)});
+    // The prefix keeps two processes' names apart; shared runtime files are avoided (below) so a crashed
+    // process leaves nothing behind for the next one.
+    args.insert(args.end(), {"--file-prefix", prefix, "--no-telemetry", "--log-level", std::to_string(cfg.log_level)});
     bool pci = false;
     for (const auto& extra : cfg.extra_args) pci = pci || extra == "-a" || extra.rfind("--allow", 0) == 0;
     if (!pci) args.emplace_back("--no-pci");
@@ -108,7 +107,10 @@ void start_eal(const EalConfig& cfg) {
         break;
     case Hugepages::off: g_no_huge = true; break;
     }
-    if (g_no_huge) args.insert(args.end(), {"--no-huge", "-m", std::to_string(cfg.no_huge_memory_mb)});
+    // --in-memory (no hugepage files kept) conflicts with --no-huge, which implies legacy memory; without
+    // hugepages --no-shconf gives the same "no shared files".
+    if (g_no_huge) args.insert(args.end(), {"--no-huge", "--no-shconf", "-m", std::to_string(cfg.no_huge_memory_mb)});
+    else args.emplace_back("--in-memory");
     for (const auto& v : cfg.vdevs) args.insert(args.end(), {"--vdev", v});
     args.insert(args.end(), cfg.extra_args.begin(), cfg.extra_args.end());
 

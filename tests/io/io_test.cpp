@@ -4,6 +4,10 @@
 // or a hang. Each case runs in a child process: DPDK's EAL starts once per process.
 #include <catch2/catch.hpp>
 
+#include <sched.h>
+#include <sys/mount.h>
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -170,6 +174,58 @@ TEST_CASE("bad io configurations fail with one clear error", "[io][errors]") {
             }
         });
         check_failed_with(out, "minimum");
+    }
+    SECTION("hugepages required but absent") {
+        if (::geteuid() != 0) {
+            WARN("skipped: hiding hugetlbfs needs root (a private mount namespace)");
+            return;
+        }
+        const auto out = in_child([] {
+            // This child alone stops seeing hugetlbfs: a private mount namespace without those mounts.
+            if (::unshare(CLONE_NEWNS) != 0 || ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0)
+                return 20;
+            std::ifstream mounts("/proc/mounts");
+            std::string dev, dir, type, rest;
+            std::vector<std::string> huge;
+            while (mounts >> dev >> dir >> type && std::getline(mounts, rest))
+                if (type == "hugetlbfs") huge.push_back(dir);
+            for (const auto& d : huge) ::umount2(d.c_str(), MNT_DETACH);
+            if (io::hugepages_available()) return 21;
+            io::PortConfig cfg;
+            cfg.backend = io::Backend::ring;
+            io::EalConfig eal;
+            eal.hugepages = io::Hugepages::required;
+            try {
+                io::open_ring_pair(cfg, cfg, eal);
+                return 0;
+            } catch (const io::Error& e) {
+                report(std::string("error: ") + e.what());
+                return 1;
+            }
+        });
+        check_failed_with(out, "run scripts/setup");
+    }
+    SECTION("no hugepages: automatic mode runs without them") {
+        if (::geteuid() != 0) {
+            WARN("skipped: hiding hugetlbfs needs root (a private mount namespace)");
+            return;
+        }
+        const auto out = in_child([] {
+            if (::unshare(CLONE_NEWNS) != 0 || ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0)
+                return 20;
+            std::ifstream mounts("/proc/mounts");
+            std::string dev, dir, type, rest;
+            std::vector<std::string> huge;
+            while (mounts >> dev >> dir >> type && std::getline(mounts, rest))
+                if (type == "hugetlbfs") huge.push_back(dir);
+            for (const auto& d : huge) ::umount2(d.c_str(), MNT_DETACH);
+            io::PortConfig cfg;
+            cfg.backend = io::Backend::ring;
+            auto ports = io::open_ring_pair(cfg, cfg);  // Hugepages::automatic
+            return io::eal_without_hugepages() && ports[0]->link_up() ? 0 : 22;
+        });
+        INFO(out.report);
+        CHECK(out.exit_code == 0);
     }
     SECTION("a core list this machine does not have") {
         io::PortConfig cfg;
