@@ -6,12 +6,16 @@
 #include <catch2/catch.hpp>
 
 #include <cstring>
+#include <filesystem>
+#include <map>
 #include <stdexcept>
 
 #include "ddp/header.hpp"
 #include "rdmap/messages.hpp"
+#include "mpa/fpdu.hpp"
 #include "tests/support/processes.hpp"
 #include "tests/support/tcp_roles.hpp"
+#include "tests/wire/pcap.hpp"
 #include "verbs/verbs.hpp"
 
 using namespace softrdma;
@@ -102,9 +106,9 @@ struct Peer {
         wait_event(verbs::CmEventType::established);
     }
     // Client: connect with our region, wait for established, read the server's region.
-    void connect(bool p2p = false) {
+    void connect(bool p2p = false, mpa::CrcPolicy crc = mpa::CrcPolicy::off) {
         const RemoteRegion me = local();
-        id = ctx->connect(cfg.peer, cfg.tcp_port, *qp, {.private_data = as_bytes(me), .peer_to_peer = p2p});
+        id = ctx->connect(cfg.peer, cfg.tcp_port, *qp, {.private_data = as_bytes(me), .peer_to_peer = p2p, .crc = crc});
         auto ev = wait_event(verbs::CmEventType::established);
         remote = region_from(ev.private_data);
     }
@@ -246,8 +250,10 @@ TEST_CASE("SEND/RECV ping-pong", "[verbs][memif]") {
     check_outcomes(run_pair(server, client));
 }
 
-TEST_CASE("WRITE then verify, READ into a multi-SGE sink", "[verbs][memif]") {
+TEST_CASE("WRITE then verify, READ into a multi-SGE sink (MPA CRC off and required)", "[verbs][memif]") {
     constexpr std::uint32_t kBytes = 256 << 10;
+    const mpa::CrcPolicy crc = GENERATE(mpa::CrcPolicy::off, mpa::CrcPolicy::required);
+    INFO("client CRC policy " << static_cast<int>(crc));
     auto server = [](const PeerConfig& cfg) {
         Peer p(cfg, 2 * kBytes, kAll);
         fill_pattern(77, 0, std::span(p.buf).subspan(kBytes, kBytes));  // second half: the READ source
@@ -262,9 +268,9 @@ TEST_CASE("WRITE then verify, READ into a multi-SGE sink", "[verbs][memif]") {
         Peer::expect(p.wait_wc(1)[0], WcStatus::success, WcOpcode::recv, 2);  // the client read everything
         return p.end(0);
     };
-    auto client = [](const PeerConfig& cfg) {
+    auto client = [crc](const PeerConfig& cfg) {
         Peer p(cfg, 2 * kBytes, verbs::access::local_write);
-        p.connect();
+        p.connect(false, crc);
         // WRITE: gather from 3 SGEs (pattern 42 split unevenly).
         fill_pattern(42, 0, std::span(p.buf).first(kBytes));
         const verbs::Sge w[3] = {p.mr->sge(0, 1000), p.mr->sge(1000, 70000), p.mr->sge(71000, kBytes - 71000)};
@@ -676,4 +682,73 @@ TEST_CASE("disconnect right after posting 8 MiB: everything completes, the peer 
         return p.end(0);
     };
     check_outcomes(run_pair(server, client));
+}
+
+TEST_CASE("every TCP segment carries whole FPDUs (client capture, both directions)", "[verbs][memif]") {
+    const std::string pcap = "/tmp/" + unique_name("verbs-fpdu-") + ".pcap";
+    auto server = [](const PeerConfig& cfg) {
+        Peer p(cfg, 1 << 20, kAll);
+        fill_pattern(3, 0, p.buf);
+        for (int i = 0; i < 8; ++i) p.post_recv(i, 0, 4096);
+        p.serve();
+        for (int i = 0; i < 8; ++i) {
+            Peer::expect(p.wait_wc(1)[0], WcStatus::success, WcOpcode::recv, i);
+            const verbs::Sge s = p.mr->sge(0, 3000);  // 3000 bytes back: three FPDUs at EMSS 1460
+            p.post_send({.wr_id = 100u + i, .opcode = verbs::WrOpcode::send, .sg_list = {&s, 1}});
+        }
+        return p.end(0);
+    };
+    auto client = [&pcap](const PeerConfig& c) {
+        PeerConfig cfg = c;
+        cfg.port.capture_path = pcap;
+        Peer p(cfg, 1 << 20, verbs::access::local_write);
+        for (int i = 0; i < 8; ++i) p.post_recv(i, 4096 * i, 4096);
+        p.connect();
+        for (int i = 0; i < 8; ++i) {
+            // Small SENDs, a 256 KiB WRITE and a 100 KiB READ in flight together, then the echo.
+            const verbs::Sge small = p.mr->sge(500000, 10 + 100 * i), big = p.mr->sge(600000, 256 << 10),
+                             sink = p.mr->sge(300000, 100000);
+            p.post_send({.wr_id = 1, .opcode = verbs::WrOpcode::rdma_write, .sg_list = {&big, 1},
+                         .rdma = {p.remote.addr, p.remote.rkey}});
+            p.post_send({.wr_id = 2, .opcode = verbs::WrOpcode::rdma_read, .send_flags = verbs::send_flags::signaled,
+                         .sg_list = {&sink, 1}, .rdma = {p.remote.addr + 4096, p.remote.rkey}});
+            p.post_send({.wr_id = 3, .opcode = verbs::WrOpcode::send, .sg_list = {&small, 1}});
+            auto wc = p.wait_wc(2);  // the READ and the echo, in either order
+            for (const auto& w : wc)
+                if (w.status != WcStatus::success) throw std::runtime_error("completion failed");
+        }
+        return p.end(0);
+    };
+    check_outcomes(run_pair(server, client));
+
+    // Walk every TCP segment with payload: after each direction's first one (the MPA Request / Reply), a
+    // segment must hold whole FPDUs: its length fields chain exactly to its end.
+    const auto frames = wire::read_capture(pcap);
+    std::filesystem::remove(pcap);
+    std::map<std::uint16_t, int> seen;  // source port -> data segments so far
+    std::size_t fpdus = 0, segments = 0, cut = 0;
+    for (const auto& f : frames) {
+        const auto& b = f.bytes;
+        if (b.size() < 54 || b[12] != 0x08 || b[13] != 0x00 || b[23] != 6) continue;  // IPv4 TCP only
+        const std::size_t ihl = (b[14] & 0x0f) * 4u;
+        const std::size_t ip_len = (b[16] << 8) | b[17];
+        const std::size_t tcp = 14 + ihl;
+        const std::size_t doff = (b[tcp + 12] >> 4) * 4u;
+        if (ip_len < ihl + doff || 14 + ip_len > b.size()) continue;
+        const std::size_t len = ip_len - ihl - doff;
+        if (len == 0) continue;
+        const std::uint16_t sport = static_cast<std::uint16_t>((b[tcp] << 8) | b[tcp + 1]);
+        if (seen[sport]++ == 0) continue;  // the MPA frame
+        ++segments;
+        const std::uint8_t* pl = b.data() + tcp + doff;
+        std::size_t off = 0;
+        while (off + 2 <= len) {
+            off += mpa::fpdu_size_unmarked((pl[off] << 8) | pl[off + 1]);
+            ++fpdus;
+        }
+        if (off != len) ++cut;
+    }
+    INFO(segments << " data segments, " << fpdus << " FPDUs, " << cut << " segments not whole FPDUs");
+    CHECK(segments > 400);
+    CHECK(cut == 0);
 }
