@@ -90,8 +90,17 @@ struct Acceptor : stack::TcpListener::Handler {
 };
 
 // Sends one stream: seed, then `bytes` of pattern(seed) in chunks, then FIN.
+// Writers a full lwIP memory pool turned away: no on_sent() may come for them (nothing of theirs is in
+// flight), so the driver loop retries exactly these each turn instead of polling every connection.
+struct RetryList {
+    std::vector<struct StreamSource*> waiting;
+};
+
+// Sends one stream: seed, then `bytes` of pattern(seed) in chunks, then FIN. Kept small (the chunk buffer
+// lives on the heap) so that walking many sources stays in cache.
 struct StreamSource : TcpConnection::Handler {
     std::unique_ptr<TcpConnection> conn;
+    RetryList* retry = nullptr;
     std::uint64_t seed = 0;
     std::uint64_t total = 0;
     std::uint64_t sent = 0;       // pattern bytes handed to TCP
@@ -99,34 +108,46 @@ struct StreamSource : TcpConnection::Handler {
     bool connected = false;
     bool fin_sent = false;
     bool remote_closed = false;
+    bool waiting = false;         // in retry->waiting
     std::string error;
-    std::array<std::byte, 65535> chunk{};  // tcp_write's largest single call
-    std::uint64_t chunk_offset = ~0ull;    // stream offset chunk holds the pattern of, and how much
+    static constexpr std::size_t kChunk = 65535;  // tcp_write's largest single call
+    std::unique_ptr<std::byte[]> chunk = std::make_unique<std::byte[]>(kChunk);
+    std::uint64_t chunk_offset = ~0ull;  // stream offset chunk holds the pattern of, and how much
     std::size_t chunk_len = 0;
 
+    bool done() const { return fin_sent || !error.empty(); }
     void pump() {
         if (!connected || fin_sent || !conn || !conn->open()) return;
         if (!header_sent) {
             std::array<std::byte, 8> h;
             std::memcpy(h.data(), &seed, 8);
-            if (conn->write(h) != 8) return;
+            if (conn->write(h) != 8) return wait_for_memory();
             header_sent = true;
         }
         while (sent < total) {
-            const std::size_t n = std::min<std::uint64_t>(chunk.size(), total - sent);
+            const std::size_t n = std::min<std::uint64_t>(kChunk, total - sent);
             const std::size_t room = std::min(n, conn->send_space());
-            if (room == 0) break;
+            if (room == 0) break;  // send buffer full: on_sent() comes when ACKs arrive
             if (chunk_offset != sent || chunk_len < room) {  // a refused write keeps its chunk for the retry
-                fill_pattern(seed, sent, std::span(chunk).first(room));
+                fill_pattern(seed, sent, std::span(chunk.get(), room));
                 chunk_offset = sent;
                 chunk_len = room;
             }
-            const std::size_t took = conn->write(std::span(chunk).first(room));
+            const std::size_t took = conn->write(std::span(chunk.get(), room));
             sent += took;
-            if (took < room) break;  // back-pressure: more after on_sent (or the next pump)
+            if (took < room) {
+                if (took == 0) wait_for_memory();
+                break;
+            }
         }
         conn->flush();
         if (sent == total && conn->close()) fin_sent = true;
+    }
+    void wait_for_memory() {
+        if (retry != nullptr && !waiting) {
+            waiting = true;
+            retry->waiting.push_back(this);
+        }
     }
     void on_connected(TcpConnection&) override {
         connected = true;
@@ -225,21 +246,28 @@ int stream_client(const PeerConfig& cfg, std::uint64_t bytes, unsigned connectio
     Env env = start(cfg);
     int rc = 0;
     {
+        RetryList retry;
         std::vector<std::unique_ptr<StreamSource>> sources;
         for (unsigned i = 0; i < connections; ++i) {
             auto s = std::make_unique<StreamSource>();
             s->seed = 1000 + i;
             s->total = bytes;
+            s->retry = &retry;
             s->conn = stack::connect(*env.stack, cfg.peer, cfg.tcp_port, *s, 10s);
             sources.push_back(std::move(s));
         }
+        std::vector<StreamSource*> again;
+        std::size_t next_check = 0;
         auto done = [&] {
-            bool all = true;
-            for (auto& s : sources) {
-                s->pump();  // writers held back by a full heap try again each turn
-                all = all && (!s->error.empty() || s->fin_sent);  // after FIN lwIP finishes the close
+            again.swap(retry.waiting);  // writers refused for memory try again (they may re-queue)
+            for (StreamSource* s : again) {
+                s->waiting = false;
+                s->pump();
             }
-            return all;
+            again.clear();
+            // All finished (FIN queued: lwIP completes the close)? Checked incrementally.
+            while (next_check < sources.size() && sources[next_check]->done()) ++next_check;
+            return next_check == sources.size();
         };
         const bool ok = env.stack->run_until(done, 120s);
         for (auto& s : sources)
