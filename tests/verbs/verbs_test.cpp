@@ -752,3 +752,131 @@ TEST_CASE("every TCP segment carries whole FPDUs (client capture, both direction
     CHECK(segments > 400);
     CHECK(cut == 0);
 }
+
+TEST_CASE("1024 QPs connected in one process pair, each exchanging a SEND both ways", "[verbs][memif]") {
+    constexpr std::uint32_t kQps = 1024;
+    constexpr std::uint32_t kLen = 32;
+    // One CQ, one MR (kLen bytes per QP for receives, kLen for sends), small queues: 2 WRs each way.
+    struct Many {
+        std::unique_ptr<verbs::Context> ctx;
+        stack::PoolUsage baseline;
+        std::unique_ptr<verbs::ProtectionDomain> pd;
+        std::unique_ptr<verbs::CompletionQueue> cq;
+        std::vector<std::byte> buf;
+        std::unique_ptr<verbs::MemoryRegion> mr;
+        std::vector<std::unique_ptr<verbs::QueuePair>> qps;
+        std::vector<std::unique_ptr<verbs::CmId>> ids;
+        explicit Many(const PeerConfig& cfg) {
+            verbs::ContextConfig cc{.port = cfg.port, .eal = cfg.eal, .stack = cfg.stack, .max_mr = 4, .max_qp = kQps};
+            ctx = verbs::Context::open(cc);
+            baseline = ctx->stack().pool_usage();
+            pd = ctx->alloc_pd();
+            cq = ctx->create_cq(4 * kQps);
+            buf.resize(2 * kLen * kQps);
+            mr = pd->reg_mr(buf, verbs::access::local_write);
+            for (std::uint32_t i = 0; i < kQps; ++i) {
+                qps.push_back(pd->create_qp({.send_cq = cq.get(), .recv_cq = cq.get(),
+                                             .cap = {.max_send_wr = 2, .max_recv_wr = 2, .max_inline_data = 0}}));
+                const verbs::Sge s = mr->sge(kLen * i, kLen);
+                const verbs::RecvWr r{.wr_id = i, .sg_list = {&s, 1}};
+                if (!qps.back()->post_recv({&r, 1}).ok()) throw std::runtime_error("post_recv");
+            }
+        }
+        void send(std::uint32_t i) {
+            std::memcpy(buf.data() + kLen * (kQps + i), &i, 4);
+            const verbs::Sge s = mr->sge(kLen * (kQps + i), kLen);
+            const verbs::SendWr w{.wr_id = i, .opcode = verbs::WrOpcode::send, .sg_list = {&s, 1}};
+            if (!qps[i]->post_send({&w, 1}).ok()) throw std::runtime_error("post_send " + std::to_string(i));
+        }
+        // Waits for kQps receive completions, each carrying its QP's index.
+        void receive_all() {
+            std::array<verbs::WorkCompletion, 64> wcs;
+            std::uint32_t got = 0;
+            ctx->run_until([&] {
+                const std::size_t n = cq->poll(wcs);
+                for (std::size_t k = 0; k < n; ++k) {
+                    if (wcs[k].status != WcStatus::success || wcs[k].opcode != WcOpcode::recv)
+                        throw std::runtime_error("bad completion on QP " + std::to_string(wcs[k].qp_num));
+                    std::uint32_t v = 0;
+                    std::memcpy(&v, buf.data() + kLen * wcs[k].wr_id, 4);
+                    if (v != wcs[k].wr_id) throw std::runtime_error("content on " + std::to_string(v));
+                    ++got;
+                }
+                return got == kQps;
+            }, 60s);
+            if (got != kQps) throw std::runtime_error("received " + std::to_string(got) + " of " + std::to_string(kQps));
+        }
+        int end(int rc) {
+            for (auto& id : ids)
+                if (id) id->disconnect();
+            std::uint32_t down = 0;
+            ctx->run_until([&] {
+                while (auto ev = ctx->get_cm_event())
+                    if (ev->type == verbs::CmEventType::disconnected) ++down;
+                return down >= kQps;
+            }, 30s);
+            report("disconnected " + std::to_string(down));
+            ctx->run_until([] { return false; }, 200ms);
+            ids.clear();
+            qps.clear();
+            mr.reset();
+            return finish_checks(ctx->stack(), ctx->port(), baseline, rc);
+        }
+    };
+    auto server = [](const PeerConfig& cfg) {
+        Many m(cfg);
+        auto listener = m.ctx->listen(cfg.tcp_port);
+        m.ids.resize(kQps);
+        std::uint32_t accepted = 0, established = 0;
+        const auto t0 = std::chrono::steady_clock::now();
+        m.ctx->run_until([&] {
+            while (auto ev = m.ctx->get_cm_event()) {
+                if (ev->type == verbs::CmEventType::connect_request) {
+                    std::uint32_t i = 0;
+                    std::memcpy(&i, ev->private_data.bytes.data(), 4);  // the client's QP index
+                    if (i >= kQps || m.ids[i]) throw std::runtime_error("bad request index");
+                    if (!ev->request->accept(*m.qps[i], {})) throw std::runtime_error("accept");
+                    m.ids[i] = std::move(ev->request);
+                    ++accepted;
+                } else if (ev->type == verbs::CmEventType::established) {
+                    ++established;
+                } else {
+                    throw std::runtime_error(std::string("server CM event ") + verbs::to_string(ev->type) + ": " + ev->reason);
+                }
+            }
+            return established == kQps;
+        }, 60s);
+        report("accepted " + std::to_string(accepted) + " in " +
+               std::to_string(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()) + " s");
+        if (established != kQps) throw std::runtime_error("established " + std::to_string(established));
+        m.receive_all();                              // every client QP SENDs first (we are the responder)
+        for (std::uint32_t i = 0; i < kQps; ++i) m.send(i);
+        m.ctx->run_until([] { return false; }, 100ms);
+        listener.reset();
+        return m.end(0);
+    };
+    auto client = [](const PeerConfig& cfg) {
+        Many m(cfg);
+        std::uint32_t established = 0;
+        for (std::uint32_t i = 0; i < kQps; ++i) {
+            m.ids.push_back(m.ctx->connect(cfg.peer, cfg.tcp_port, *m.qps[i],
+                                           {.private_data = std::as_bytes(std::span(&i, 1))}));
+            // A few at a time: the server's listen queue is the accept callback, but SYNs still cost mbufs.
+            if (i % 64 == 63)
+                m.ctx->run_until([&] {
+                    while (auto ev = m.ctx->get_cm_event()) {
+                        if (ev->type != verbs::CmEventType::established)
+                            throw std::runtime_error(std::string("client CM event ") + verbs::to_string(ev->type) + ": " + ev->reason);
+                        ++established;
+                    }
+                    return established == i + 1;
+                }, 30s);
+        }
+        if (established != kQps) throw std::runtime_error("established " + std::to_string(established));
+        for (std::uint32_t i = 0; i < kQps; ++i) m.send(i);
+        m.receive_all();
+        report("1024 QPs exchanged");
+        return m.end(0);
+    };
+    check_outcomes(run_pair(server, client));
+}
