@@ -1,6 +1,11 @@
 // SPDX-License-Identifier: MIT
 // Context (port + stack + MR table + the polling turn), protection domains, memory regions, CQs.
+#include <sys/eventfd.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <thread>
 
 #include "stack/tcp.hpp"
@@ -58,13 +63,45 @@ const char* to_string(CmEventType t) noexcept {
 
 // ==== CQ =====================================================================================================
 
+namespace {
+
+int make_eventfd(const char* what) {
+    const int fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (fd < 0) throw Error(std::string(what) + ": eventfd: " + std::strerror(errno));
+    return fd;
+}
+void signal_fd(int fd) noexcept {
+    const std::uint64_t one = 1;
+    [[maybe_unused]] const auto n = ::write(fd, &one, sizeof one);  // only fails when the counter is full
+}
+bool drain_fd(int fd) noexcept {
+    std::uint64_t v = 0;
+    return ::read(fd, &v, sizeof v) == static_cast<ssize_t>(sizeof v) && v != 0;
+}
+
+}  // namespace
+
+CompletionQueue::CompletionQueue(std::uint32_t cqe) : efd_(make_eventfd("create_cq")), ring_(cqe) {}
+
+CompletionQueue::~CompletionQueue() { ::close(efd_); }
+
+void CompletionQueue::req_notify(bool solicited_only) noexcept { armed_ = solicited_only ? Arm::solicited : Arm::next; }
+
+bool CompletionQueue::get_event() noexcept { return drain_fd(efd_); }
+
 void CompletionQueue::push(const WorkCompletion& wc) noexcept {
     if (count_ == ring_.size()) {
         ++overruns_;
-        return;
+    } else {
+        ring_[(head_ + count_) % ring_.size()] = wc;
+        ++count_;
     }
-    ring_[(head_ + count_) % ring_.size()] = wc;
-    ++count_;
+    // One syscall per armed event, not per completion (as verbs providers ring the doorbell once per arm).
+    if (armed_ == Arm::next ||
+        (armed_ == Arm::solicited && ((wc.wc_flags & wc_flags::solicited) != 0 || wc.status != WcStatus::success))) {
+        armed_ = Arm::none;
+        signal_fd(efd_);
+    }
 }
 
 std::size_t CompletionQueue::poll(std::span<WorkCompletion> out) noexcept {
@@ -145,11 +182,13 @@ Context::Context(const ContextConfig& cfg) : cfg_(cfg) {
     // again behind the ones being served: 2 x max_qp, so push_back never allocates.
     tx_list_.reserve(2 * static_cast<std::size_t>(cfg.max_qp));
     ids_.reserve(cfg.max_qp);
+    cm_efd_ = make_eventfd("Context::open");  // last: nothing after it throws
 }
 
 Context::~Context() {
     events_.clear();  // connect requests nobody took: their ids abort their connections here
     orphans_.clear();
+    ::close(cm_efd_);
 }
 
 std::unique_ptr<ProtectionDomain> Context::alloc_pd() {
@@ -205,16 +244,21 @@ bool Context::run_until(const std::function<bool()>& done, std::chrono::millisec
     }
 }
 
-void Context::push_event(CmEvent ev) { events_.push_back(std::move(ev)); }
+void Context::push_event(CmEvent ev) {
+    events_.push_back(std::move(ev));
+    signal_fd(cm_efd_);
+}
 
 void Context::drop_events(const CmId* id) noexcept {
     std::erase_if(events_, [id](const CmEvent& e) { return e.id == id && !e.request; });
+    if (events_.empty()) drain_fd(cm_efd_);
 }
 
 std::optional<CmEvent> Context::get_cm_event() {
     if (events_.empty()) return std::nullopt;
     CmEvent e = std::move(events_.front());
     events_.pop_front();
+    if (events_.empty()) drain_fd(cm_efd_);
     return e;
 }
 

@@ -169,6 +169,7 @@ struct WorkCompletion {
 // ring full is dropped and counted in overruns() (the CQ overrun error of verbs).
 class CompletionQueue {
 public:
+    ~CompletionQueue();
     CompletionQueue(const CompletionQueue&) = delete;
     CompletionQueue& operator=(const CompletionQueue&) = delete;
 
@@ -179,11 +180,25 @@ public:
     std::uint32_t capacity() const noexcept { return static_cast<std::uint32_t>(ring_.size()); }
     std::uint64_t overruns() const noexcept { return overruns_; }
 
+    // Notification (ibv_req_notify_cq / ibv_get_cq_event). req_notify() asks for one event: at the next
+    // completion, or with solicited_only at the next receive completion of a solicited message (SEND_SE,
+    // Immediate Data with SE) or any completion with an error status. The event makes fd() (an eventfd)
+    // readable; get_event() consumes it. Arm again after each event. In run-to-completion mode completions
+    // only appear inside Context::poll(), so the fd says "that turn produced what you asked for"; with the
+    // RX thread (next) it becomes the place to sleep.
+    void req_notify(bool solicited_only) noexcept;
+    int fd() const noexcept { return efd_; }
+    // True if an event was pending (non-blocking read of the eventfd).
+    bool get_event() noexcept;
+
 private:
     friend class Context;
     friend class QueuePair;
-    explicit CompletionQueue(std::uint32_t cqe) : ring_(cqe) {}
+    explicit CompletionQueue(std::uint32_t cqe);
     void push(const WorkCompletion& wc) noexcept;
+    enum class Arm : std::uint8_t { none, next, solicited };
+    Arm armed_{Arm::none};
+    int efd_{-1};
     std::vector<WorkCompletion> ring_;
     std::size_t head_{0};
     std::size_t count_{0};
@@ -534,6 +549,8 @@ public:
     std::unique_ptr<CmId> connect(stack::Ipv4 addr, std::uint16_t port, QueuePair& qp, const ConnParam& param);
     // The oldest CM event, if any (does not poll).
     std::optional<CmEvent> get_cm_event();
+    // Readable (eventfd) while CM events are queued: for epoll next to the CQs' fds.
+    int cm_fd() const noexcept { return cm_efd_; }
     // Polls until an event arrives or timeout.
     std::optional<CmEvent> wait_cm_event(std::chrono::milliseconds timeout);
 
@@ -579,6 +596,7 @@ private:
     std::vector<QueuePair*> tx_list_;    // QPs with TX work; capacity max_qp, reserved at open
     std::vector<CmId*> ids_;             // live CM ids (timers); control path
     std::deque<CmEvent> events_;         // control path
+    int cm_efd_{-1};
     std::vector<std::unique_ptr<CmId>> orphans_;  // accepted TCP connections before their connect_request
     bool cm_work_{false};                // a CM id has work for the poll stage
     mpa::Clock::time_point next_timer_{};

@@ -5,6 +5,8 @@
 // Every wait is bounded; a child that hangs is killed by run_roles at its deadline.
 #include <catch2/catch.hpp>
 
+#include <poll.h>
+
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -877,6 +879,57 @@ TEST_CASE("1024 QPs connected in one process pair, each exchanging a SEND both w
         m.receive_all();
         report("1024 QPs exchanged");
         return m.end(0);
+    };
+    check_outcomes(run_pair(server, client));
+}
+
+TEST_CASE("solicited-only CQ notification: a plain SEND does not fire it, SEND_SE does; CM fd", "[verbs][memif]") {
+    auto readable = [](int fd) {
+        pollfd p{fd, POLLIN, 0};
+        return ::poll(&p, 1, 0) == 1;
+    };
+    auto server = [&](const PeerConfig& cfg) {
+        Peer p(cfg, 4096, verbs::access::local_write);
+        for (int i = 0; i < 3; ++i) p.post_recv(i, 64 * i, 64);
+        p.listener = p.ctx->listen(cfg.tcp_port);
+        // The CM fd is readable exactly while events are queued.
+        p.ctx->run_until([&] { return readable(p.ctx->cm_fd()); }, kWait);
+        if (!readable(p.ctx->cm_fd())) throw std::runtime_error("CM fd not readable with a request queued");
+        auto ev = p.wait_event(verbs::CmEventType::connect_request);
+        p.remote = region_from(ev.private_data);
+        p.id = std::move(ev.request);
+        const RemoteRegion me = p.local();
+        if (!p.id->accept(*p.qp, {.private_data = as_bytes(me)})) throw std::runtime_error("accept");
+        p.wait_event(verbs::CmEventType::established);
+        if (readable(p.ctx->cm_fd())) throw std::runtime_error("CM fd readable with no event queued");
+
+        // The client sends its next message only after our unsignaled "go" (no completion here).
+        const verbs::SendWr go{.opcode = verbs::WrOpcode::send};
+        p.cq->req_notify(/*solicited_only=*/true);
+        p.wait_wc(1);  // the plain SEND: completes, no event
+        if (readable(p.cq->fd()) || p.cq->get_event()) throw std::runtime_error("event for an unsolicited SEND");
+        p.post_send(go);
+        p.wait_wc(1);  // SEND_SE
+        if (!readable(p.cq->fd()) || !p.cq->get_event()) throw std::runtime_error("no event for SEND_SE");
+        if (readable(p.cq->fd())) throw std::runtime_error("event not consumed");
+        p.cq->req_notify(/*solicited_only=*/false);
+        p.post_send(go);
+        p.wait_wc(1);  // a plain SEND again: any completion fires now
+        if (!p.cq->get_event()) throw std::runtime_error("no event for the next completion");
+        report("notifications as asked");
+        return p.end(0);
+    };
+    auto client = [](const PeerConfig& cfg) {
+        Peer p(cfg, 4096, verbs::access::local_write);
+        p.post_recv(10, 0, 64);
+        p.post_recv(11, 0, 64);
+        p.connect();
+        for (int i = 0; i < 3; ++i) {
+            p.post_send({.wr_id = static_cast<std::uint64_t>(i), .opcode = verbs::WrOpcode::send,
+                         .send_flags = i == 1 ? verbs::send_flags::solicited : 0u});
+            if (i < 2) Peer::expect(p.wait_wc(1)[0], WcStatus::success, WcOpcode::recv, 10u + i);  // "go"
+        }
+        return p.end(0);
     };
     check_outcomes(run_pair(server, client));
 }
