@@ -254,6 +254,23 @@ void Context::drop_events(const CmId* id) noexcept {
     if (events_.empty()) drain_fd(cm_efd_);
 }
 
+void Context::push_async(const AsyncEvent& e) noexcept {
+    if (async_count_ == async_.size()) {
+        ++async_dropped_;
+        return;
+    }
+    async_[(async_head_ + async_count_) % async_.size()] = e;
+    ++async_count_;
+}
+
+std::optional<AsyncEvent> Context::get_async_event() noexcept {
+    if (async_count_ == 0) return std::nullopt;
+    const AsyncEvent e = async_[async_head_];
+    async_head_ = (async_head_ + 1) % async_.size();
+    --async_count_;
+    return e;
+}
+
 std::optional<CmEvent> Context::get_cm_event() {
     if (events_.empty()) return std::nullopt;
     CmEvent e = std::move(events_.front());

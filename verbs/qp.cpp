@@ -25,11 +25,13 @@ constexpr std::uint32_t kNoSlot = ~0u;
 
 std::unique_ptr<QueuePair> ProtectionDomain::create_qp(const QpInitAttr& attr) {
     if (attr.send_cq == nullptr || attr.recv_cq == nullptr) throw Error("create_qp: send_cq and recv_cq needed");
-    if (attr.cap.max_send_wr == 0 || attr.cap.max_recv_wr == 0) throw Error("create_qp: zero queue depth");
+    if (attr.cap.max_send_wr == 0 || (attr.cap.max_recv_wr == 0 && attr.srq == nullptr))
+        throw Error("create_qp: zero queue depth");
     if (attr.cap.max_send_wr >= (1u << 24)) throw Error("create_qp: max_send_wr too large");
     if (attr.cap.max_send_sge > rdmap::kMaxSge || attr.cap.max_recv_sge > rdmap::kMaxSge)
         throw Error("create_qp: at most rdmap::kMaxSge SGEs");
     if (ctx_.qp_count_ >= ctx_.cfg_.max_qp) throw Error("create_qp: ContextConfig::max_qp reached");
+    if (attr.srq != nullptr && &attr.srq->pd_ != this) throw Error("create_qp: the SRQ belongs to another PD");
     ++ctx_.qp_count_;
     return std::unique_ptr<QueuePair>(new QueuePair(ctx_, *this, attr, ctx_.next_qpn_++));
 }
@@ -44,7 +46,8 @@ QueuePair::QueuePair(Context& ctx, ProtectionDomain& pd, const QpInitAttr& attr,
       qp_num_(qp_num),
       sq_(attr.cap.max_send_wr),
       inline_buf_(static_cast<std::size_t>(attr.cap.max_send_wr) * attr.cap.max_inline_data),
-      rq_(attr.cap.max_recv_wr) {
+      rq_(attr.srq != nullptr ? 0 : attr.cap.max_recv_wr),
+      srq_(attr.srq) {
     for (std::uint32_t i = 0; i < sq_.size(); ++i) sq_[i].next_free = i + 1 < sq_.size() ? i + 1 : kNoSlot;
     sq_free_ = 0;
     state_ = QpState::init;  // as rdma_create_qp: ready for post_recv before the connection
@@ -211,7 +214,7 @@ PostResult<SendWr> QueuePair::post_send(std::span<const SendWr> wrs) noexcept {
 
 PostResult<RecvWr> QueuePair::post_recv(std::span<const RecvWr> wrs) noexcept {
     for (const RecvWr& wr : wrs) {
-        if (state_ == QpState::reset) return {PostErrc::invalid_state, &wr};
+        if (state_ == QpState::reset || srq_ != nullptr) return {PostErrc::invalid_state, &wr};
         if (wr.sg_list.size() > cap_.max_recv_sge) return {PostErrc::too_many_sge, &wr};
         if (state_ == QpState::err) {
             recv_cq_->push(WorkCompletion{.wr_id = wr.wr_id, .status = WcStatus::wr_flush_err, .opcode = WcOpcode::recv,
@@ -284,7 +287,19 @@ rdmap::Mem QueuePair::tagged(std::uint32_t stag, std::uint64_t to, std::size_t l
     return ctx_.mr_lookup(stag, to, len, pd_.handle(), need);
 }
 
+RecvSlot* QueuePair::bound_recv(std::uint32_t msn) noexcept {
+    RecvSlot* r = srq_ != nullptr ? (srq_has_ ? &srq_bound_ : nullptr) : (rq_count_ != 0 ? &rq_[rq_head_] : nullptr);
+    return r != nullptr && r->bound && r->msn == msn ? r : nullptr;
+}
+
 rdmap::MemError QueuePair::recv_begin(std::uint32_t msn) {
+    if (srq_ != nullptr) {
+        if (srq_has_ || !srq_->take(srq_bound_)) return rdmap::MemError::no_receive;
+        srq_has_ = true;
+        srq_bound_.bound = true;
+        srq_bound_.msn = msn;
+        return rdmap::MemError::none;
+    }
     if (rq_count_ == 0) return rdmap::MemError::no_receive;
     RecvSlot& r = rq_[rq_head_];
     r.bound = true;
@@ -293,8 +308,9 @@ rdmap::MemError QueuePair::recv_begin(std::uint32_t msn) {
 }
 
 rdmap::Mem QueuePair::recv_place(std::uint32_t msn, std::uint32_t mo, std::size_t len) {
-    if (rq_count_ == 0 || !rq_[rq_head_].bound || rq_[rq_head_].msn != msn) return {.err = rdmap::MemError::bounds};
-    const RecvSlot& r = rq_[rq_head_];
+    const RecvSlot* rp = bound_recv(msn);
+    if (rp == nullptr) return {.err = rdmap::MemError::bounds};
+    const RecvSlot& r = *rp;
     std::uint32_t off = mo;
     for (std::size_t i = 0; i < r.nsge; ++i) {
         if (off < r.sge[i].size())
@@ -315,8 +331,9 @@ rdmap::MemError QueuePair::invalidate(std::uint32_t stag) {
 
 void QueuePair::on_completion(const rdmap::Completion& c) {
     if (c.kind == rdmap::WcKind::recv) {
-        if (rq_count_ == 0) return;
-        const RecvSlot& r = rq_[rq_head_];
+        const RecvSlot* rp = bound_recv(c.msn);
+        if (rp == nullptr) return;
+        const RecvSlot& r = *rp;
         WorkCompletion wc{.wr_id = r.wr_id,
                           .status = c.status == rdmap::WcStatus::success ? WcStatus::success : WcStatus::wr_flush_err,
                           .opcode = c.has_imm ? WcOpcode::recv_rdma_with_imm : WcOpcode::recv,
@@ -327,8 +344,12 @@ void QueuePair::on_completion(const rdmap::Completion& c) {
         if (c.has_imm) wc.wc_flags |= wc_flags::with_imm;
         if (c.has_inv) wc.wc_flags |= wc_flags::with_inv;
         if (c.solicited) wc.wc_flags |= wc_flags::solicited;
-        rq_head_ = (rq_head_ + 1) % rq_.size();
-        --rq_count_;
+        if (srq_ != nullptr) {
+            srq_has_ = false;
+        } else {
+            rq_head_ = (rq_head_ + 1) % rq_.size();
+            --rq_count_;
+        }
         recv_cq_->push(wc);
         return;
     }
@@ -348,6 +369,11 @@ void QueuePair::on_terminate(const rdmap::TermReport& t) {
 // ==== state ==================================================================================================
 
 void QueuePair::flush_rq() noexcept {
+    if (srq_has_) {  // the SRQ WR this QP took; the SRQ's own WRs stay for the other QPs
+        recv_cq_->push(WorkCompletion{.wr_id = srq_bound_.wr_id, .status = WcStatus::wr_flush_err,
+                                      .opcode = WcOpcode::recv, .qp_num = qp_num_});
+        srq_has_ = false;
+    }
     while (rq_count_ > 0) {
         const RecvSlot& r = rq_[rq_head_];
         recv_cq_->push(WorkCompletion{.wr_id = r.wr_id, .status = WcStatus::wr_flush_err, .opcode = WcOpcode::recv,
@@ -460,6 +486,51 @@ void QueuePair::tx_pump() noexcept {
         closing_ = true;
         conn_->qp_failed();
     }
+}
+
+// ==== shared receive queue ===================================================================================
+
+std::unique_ptr<SharedReceiveQueue> ProtectionDomain::create_srq(const SrqInitAttr& attr) {
+    if (attr.max_wr == 0) throw Error("create_srq: zero depth");
+    if (attr.max_sge > rdmap::kMaxSge) throw Error("create_srq: at most rdmap::kMaxSge SGEs");
+    return std::unique_ptr<SharedReceiveQueue>(new SharedReceiveQueue(ctx_, *this, attr));
+}
+
+SharedReceiveQueue::SharedReceiveQueue(Context& ctx, ProtectionDomain& pd, const SrqInitAttr& attr)
+    : ctx_(ctx), pd_(pd), max_sge_(attr.max_sge), limit_(attr.srq_limit), ring_(attr.max_wr) {}
+
+PostResult<RecvWr> SharedReceiveQueue::post_recv(std::span<const RecvWr> wrs) noexcept {
+    for (const RecvWr& wr : wrs) {
+        if (wr.sg_list.size() > max_sge_) return {PostErrc::too_many_sge, &wr};
+        if (count_ == ring_.size()) return {PostErrc::queue_full, &wr};
+        RecvSlot& r = ring_[(head_ + count_) % ring_.size()];
+        r.nsge = 0;
+        std::uint64_t total = 0;
+        for (const Sge& g : wr.sg_list) {
+            const rdmap::Mem m = ctx_.mr_lookup(g.lkey, g.addr, g.length, pd_.handle(), access::local_write);
+            if (m.err != rdmap::MemError::none) return {PostErrc::bad_lkey, &wr};
+            r.sge[r.nsge++] = {m.ptr, g.length};
+            total += g.length;
+        }
+        if (total > 0xffffffffu) return {PostErrc::bad_length, &wr};
+        r.wr_id = wr.wr_id;
+        r.total = static_cast<std::uint32_t>(total);
+        r.bound = false;
+        ++count_;
+    }
+    return {};
+}
+
+bool SharedReceiveQueue::take(RecvSlot& out) noexcept {
+    if (count_ == 0) return false;
+    out = ring_[head_];
+    head_ = (head_ + 1) % ring_.size();
+    --count_;
+    if (limit_ != 0 && count_ < limit_) {
+        limit_ = 0;  // fires once per arm
+        ctx_.push_async(AsyncEvent{AsyncEventType::srq_limit_reached, this});
+    }
+    return true;
 }
 
 }  // namespace softrdma::verbs

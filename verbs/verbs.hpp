@@ -239,6 +239,58 @@ private:
     std::uint32_t access_;
 };
 
+// A posted receive, checked at post time (local_write, PD, bounds): its SGEs as spans.
+struct RecvSlot {
+    std::uint64_t wr_id{0};
+    std::array<std::span<std::byte>, rdmap::kMaxSge> sge{};
+    std::uint8_t nsge{0};
+    std::uint32_t total{0};
+    bool bound{false};
+    std::uint32_t msn{0};
+};
+
+// ---- shared receive queue ----------------------------------------------------------------------------------
+struct SrqInitAttr {
+    std::uint32_t max_wr{256};
+    std::uint32_t max_sge{rdmap::kMaxSge};
+    std::uint32_t srq_limit{0};  // armed limit (0 = not armed)
+};
+
+// Receives shared by several QPs of one PD (ibv_srq). An inbound message takes the oldest WR when its first
+// segment arrives; from then the WR belongs to that QP (flushed with it if the QP fails; the WRs still in
+// the SRQ are not). Limit event (IBV_EVENT_SRQ_LIMIT_REACHED): once armed with a limit, the first time fewer
+// than `limit` WRs remain posted an srq_limit_reached async event is queued on the Context and the limit
+// disarms. Sizing: max_wr slots, allocated at creation.
+class SharedReceiveQueue {
+public:
+    SharedReceiveQueue(const SharedReceiveQueue&) = delete;
+    SharedReceiveQueue& operator=(const SharedReceiveQueue&) = delete;
+    PostResult<RecvWr> post_recv(std::span<const RecvWr> wrs) noexcept;
+    void arm_limit(std::uint32_t limit) noexcept { limit_ = limit; }
+    std::uint32_t limit() const noexcept { return limit_; }
+    std::size_t posted() const noexcept { return count_; }
+
+private:
+    friend class ProtectionDomain;
+    friend class QueuePair;
+    SharedReceiveQueue(Context& ctx, ProtectionDomain& pd, const SrqInitAttr& attr);
+    bool take(RecvSlot& out) noexcept;  // the oldest WR, and the limit check
+
+    Context& ctx_;
+    ProtectionDomain& pd_;
+    std::uint32_t max_sge_;
+    std::uint32_t limit_;
+    std::vector<RecvSlot> ring_;
+    std::size_t head_{0};
+    std::size_t count_{0};
+};
+
+enum class AsyncEventType : std::uint8_t { srq_limit_reached };
+struct AsyncEvent {
+    AsyncEventType type{AsyncEventType::srq_limit_reached};
+    SharedReceiveQueue* srq{nullptr};
+};
+
 // ---- queue pairs -------------------------------------------------------------------------------------------
 // Verbs states and the iWARP QP states they stand for (RFC 5040 section 6 has none of its own; siw's map):
 //   reset, init -> IDLE (receives may be posted in init); rtr -> the CM is running MPA negotiation;
@@ -260,6 +312,7 @@ struct QpInitAttr {
     CompletionQueue* recv_cq{nullptr};
     QpCap cap{};
     bool sq_sig_all{false};
+    SharedReceiveQueue* srq{nullptr};  // receives from this SRQ (same PD); post_recv on the QP is then refused
 };
 
 // What ended the stream: a TERMINATE we sent (received == false) or received.
@@ -332,14 +385,6 @@ private:
         std::uint8_t nsink{0};
         std::uint32_t next_free{0};
     };
-    struct RecvSlot {
-        std::uint64_t wr_id{0};
-        std::array<std::span<std::byte>, rdmap::kMaxSge> sge{};
-        std::uint8_t nsge{0};
-        std::uint32_t total{0};
-        bool bound{false};
-        std::uint32_t msn{0};
-    };
 
     Context& ctx_;
     ProtectionDomain& pd_;
@@ -363,6 +408,11 @@ private:
     std::vector<RecvSlot> rq_;
     std::size_t rq_head_{0};
     std::size_t rq_count_{0};
+    // With an SRQ: the WR taken for the inbound message in progress (at most one, as rq_'s front).
+    SharedReceiveQueue* srq_{nullptr};
+    RecvSlot srq_bound_{};
+    bool srq_has_{false};
+    RecvSlot* bound_recv(std::uint32_t msn) noexcept;
 
     // Stream (RDMA mode), built by enter_rts.
     std::optional<mpa::FpduTx> fpdu_tx_;
@@ -390,6 +440,8 @@ public:
     std::unique_ptr<MemoryRegion> reg_mr(std::span<std::byte> bytes, std::uint32_t access_flags);
     // Throws Error on a bad attribute (no CQ, zero depth, more SGEs than rdmap::kMaxSge, too many QPs).
     std::unique_ptr<QueuePair> create_qp(const QpInitAttr& attr);
+    // Throws Error on zero depth or more SGEs than rdmap::kMaxSge.
+    std::unique_ptr<SharedReceiveQueue> create_srq(const SrqInitAttr& attr);
     Context& context() noexcept { return ctx_; }
     std::uint32_t handle() const noexcept { return handle_; }
 
@@ -551,6 +603,9 @@ public:
     std::optional<CmEvent> get_cm_event();
     // Readable (eventfd) while CM events are queued: for epoll next to the CQs' fds.
     int cm_fd() const noexcept { return cm_efd_; }
+    // Asynchronous events (ibv_get_async_event): SRQ limit. Bounded ring; overflow counted.
+    std::optional<AsyncEvent> get_async_event() noexcept;
+    std::uint64_t async_dropped() const noexcept { return async_dropped_; }
     // Polls until an event arrives or timeout.
     std::optional<CmEvent> wait_cm_event(std::chrono::milliseconds timeout);
 
@@ -563,6 +618,7 @@ private:
     friend class QueuePair;
     friend class CmId;
     friend class CmListener;
+    friend class SharedReceiveQueue;
     explicit Context(const ContextConfig& cfg);
 
     struct MrEntry {
@@ -597,6 +653,13 @@ private:
     std::vector<CmId*> ids_;             // live CM ids (timers); control path
     std::deque<CmEvent> events_;         // control path
     int cm_efd_{-1};
+    // Async events come from the data path: a ring allocated at open. Sizing: one per armed SRQ limit in
+    // flight; 64 covers an application that does not read them for a while, beyond that they are counted.
+    std::array<AsyncEvent, 64> async_{};
+    std::size_t async_head_{0};
+    std::size_t async_count_{0};
+    std::uint64_t async_dropped_{0};
+    void push_async(const AsyncEvent& e) noexcept;
     std::vector<std::unique_ptr<CmId>> orphans_;  // accepted TCP connections before their connect_request
     bool cm_work_{false};                // a CM id has work for the poll stage
     mpa::Clock::time_point next_timer_{};

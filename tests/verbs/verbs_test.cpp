@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <set>
 #include <stdexcept>
 
 #include "ddp/header.hpp"
@@ -929,6 +930,94 @@ TEST_CASE("solicited-only CQ notification: a plain SEND does not fire it, SEND_S
                          .send_flags = i == 1 ? verbs::send_flags::solicited : 0u});
             if (i < 2) Peer::expect(p.wait_wc(1)[0], WcStatus::success, WcOpcode::recv, 10u + i);  // "go"
         }
+        return p.end(0);
+    };
+    check_outcomes(run_pair(server, client));
+}
+
+TEST_CASE("an SRQ shared by two QPs, with its limit event", "[verbs][memif]") {
+    auto end_all = [](verbs::Context& ctx, std::vector<std::unique_ptr<verbs::CmId>>& ids) {
+        for (auto& id : ids) id->disconnect();
+        unsigned down = 0;
+        ctx.run_until([&] {
+            while (auto ev = ctx.get_cm_event())
+                if (ev->type == verbs::CmEventType::disconnected) ++down;
+            return down >= ids.size();
+        }, kWait);
+        ctx.run_until([] { return false; }, 50ms);
+        ids.clear();
+    };
+    auto server = [&](const PeerConfig& cfg) {
+        Peer p(cfg, 4096, verbs::access::local_write);
+        auto srq = p.pd->create_srq({.max_wr = 16});
+        std::unique_ptr<verbs::QueuePair> qps[2];
+        for (auto& q : qps) q = p.pd->create_qp({.send_cq = p.cq.get(), .recv_cq = p.cq.get(), .srq = srq.get()});
+        for (int i = 0; i < 8; ++i) {
+            const verbs::Sge s = p.mr->sge(64 * i, 64);
+            const verbs::RecvWr r{.wr_id = 100u + i, .sg_list = {&s, 1}};
+            if (!srq->post_recv({&r, 1}).ok()) throw std::runtime_error("srq post_recv");
+        }
+        const verbs::RecvWr direct{.wr_id = 1};
+        if (qps[0]->post_recv({&direct, 1}).err != verbs::PostErrc::invalid_state)
+            throw std::runtime_error("post_recv on a QP with an SRQ accepted");
+        srq->arm_limit(4);
+        p.listener = p.ctx->listen(cfg.tcp_port);
+        std::vector<std::unique_ptr<verbs::CmId>> ids;
+        for (int i = 0; i < 2; ++i) {
+            auto ev = p.wait_event(verbs::CmEventType::connect_request);
+            if (!ev.request->accept(*qps[i], {})) throw std::runtime_error("accept");
+            ids.push_back(std::move(ev.request));
+            p.wait_event(verbs::CmEventType::established);
+        }
+        if (p.ctx->get_async_event()) throw std::runtime_error("async event before the limit");
+        auto wc = p.wait_wc(6);  // 3 SENDs from each client QP
+        std::set<std::uint32_t> qpns, ids_seen;
+        for (const auto& w : wc) {
+            if (w.status != WcStatus::success || w.opcode != WcOpcode::recv || w.byte_len != 2)
+                throw std::runtime_error("bad SRQ completion");
+            qpns.insert(w.qp_num);
+            ids_seen.insert(static_cast<std::uint32_t>(w.wr_id));
+        }
+        if (qpns.size() != 2 || qpns.count(qps[0]->qp_num()) != 1 || ids_seen.size() != 6 || *ids_seen.begin() != 100)
+            throw std::runtime_error("completions not from both QPs / WRs not taken in order");
+        const auto ae = p.ctx->get_async_event();
+        if (!ae || ae->type != verbs::AsyncEventType::srq_limit_reached || ae->srq != srq.get())
+            throw std::runtime_error("no SRQ limit event");
+        if (p.ctx->get_async_event() || srq->posted() != 2 || srq->limit() != 0)
+            throw std::runtime_error("limit event not once / posted count");
+        report("SRQ: 6 receives over 2 QPs, limit event at 3 < 4");
+        end_all(*p.ctx, ids);
+        for (auto& q : qps) q.reset();
+        srq.reset();
+        p.disconnected = true;
+        return p.end(0);
+    };
+    auto client = [&](const PeerConfig& cfg) {
+        Peer p(cfg, 4096, verbs::access::local_write);
+        std::unique_ptr<verbs::QueuePair> qps[2];
+        std::vector<std::unique_ptr<verbs::CmId>> ids;
+        for (auto& q : qps) {
+            q = p.pd->create_qp({.send_cq = p.cq.get(), .recv_cq = p.cq.get()});
+            ids.push_back(p.ctx->connect(cfg.peer, cfg.tcp_port, *q, {}));
+            p.wait_event(verbs::CmEventType::established);
+        }
+        for (int k = 0; k < 3; ++k)
+            for (auto& q : qps) {
+                const verbs::Sge s = p.mr->sge(0, 2);
+                const verbs::SendWr w{.wr_id = 1, .opcode = verbs::WrOpcode::send, .sg_list = {&s, 1}};
+                if (!q->post_send({&w, 1}).ok()) throw std::runtime_error("post_send");
+            }
+        // Until the server disconnects.
+        unsigned down = 0;
+        p.ctx->run_until([&] {
+            while (auto ev = p.ctx->get_cm_event())
+                if (ev->type == verbs::CmEventType::disconnected) ++down;
+            return down >= 2;
+        }, kWait);
+        if (down != 2) throw std::runtime_error("server did not disconnect");
+        ids.clear();
+        for (auto& q : qps) q.reset();
+        p.disconnected = true;
         return p.end(0);
     };
     check_outcomes(run_pair(server, client));
