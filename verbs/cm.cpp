@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cstdio>
 
+#include <spdlog/spdlog.h>
+
 #include "stack/tcp.hpp"
 #include "verbs/verbs.hpp"
 
@@ -317,6 +319,9 @@ void CmId::finish(CmEventType type, const std::string& reason, bool quiet) {
 }
 
 void CmId::emit(CmEventType type, const std::string& reason) {
+    // Control path only. debug: a thousand connections must not flood the default log.
+    spdlog::debug("softrdma: CM {} {} (IRD {} ORD {}){}{}", initiator_ ? "initiator" : "responder", to_string(type),
+                  ird_, ord_, reason.empty() ? "" : ": ", reason);
     CmEvent ev;
     ev.type = type;
     ev.id = this;

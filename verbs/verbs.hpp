@@ -17,7 +17,11 @@
 // dedicated RX thread can run it apart from TX.
 //
 // Errors: control path (open, reg_mr, create_*, listen, connect) throws verbs::Error; data path (post_send,
-// post_recv, poll) returns values and never allocates, locks or logs.
+// post_recv, poll) returns values and never allocates, locks or logs. CM events are logged (spdlog debug).
+//
+// Lifetimes: every object a Context made (PDs, MRs, CQs, SRQs, QPs, CM ids, listeners) must be destroyed
+// before the Context; a QP must outlive the CQs' and SRQ's users, i.e. destroy QPs before their CQs/SRQ and
+// MRs only after no posted WR uses them. Destroying a connected QP or CmId aborts the connection (RST).
 #pragma once
 
 #include <array>
