@@ -98,6 +98,7 @@ void Context::new_request(CmListener& l, std::unique_ptr<stack::TcpConnection> c
     nc.peer_to_peer = true;  // we accept peer-to-peer requests (RTR WRITE preferred, else READ)
     nc.ird = l.defaults_.responder_resources;
     nc.ord = l.defaults_.initiator_depth;
+    if (l.defaults_.mpa_timeout.count() > 0) nc.request_timeout = l.defaults_.mpa_timeout;
     id->resp_.emplace(nc);
     id->resp_->start(mpa::Clock::now());
     id->phase_ = CmId::Phase::negotiating;
@@ -120,6 +121,7 @@ std::unique_ptr<CmId> Context::connect(stack::Ipv4 addr, std::uint16_t port, Que
     nc.ird = param.responder_resources;
     nc.ord = param.initiator_depth;
     nc.private_data = id->pd_copy_;
+    if (param.mpa_timeout.count() > 0) nc.reply_timeout = param.mpa_timeout;
     id->ini_.emplace(nc);
     id->phase_ = CmId::Phase::connecting;
     id->conn_ = stack::connect(*stack_, addr, port, *id->handler_);

@@ -464,6 +464,8 @@ struct ConnParam {
     std::uint16_t initiator_depth{16};      // ORD: outbound READ/atomic requests outstanding
     bool peer_to_peer{false};               // RFC 6581 peer-to-peer mode (an RTR is sent/expected first)
     mpa::CrcPolicy crc{mpa::CrcPolicy::off};
+    // connect: how long to wait for the MPA reply (siw: 10 s); listen defaults: for the request (siw: 5 s).
+    std::chrono::milliseconds mpa_timeout{0};  // 0 = those defaults
 };
 
 enum class CmEventType : std::uint8_t {

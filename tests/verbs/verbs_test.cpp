@@ -18,6 +18,7 @@
 #include "mpa/fpdu.hpp"
 #include "tests/support/processes.hpp"
 #include "tests/support/tcp_roles.hpp"
+#include "stack/tcp.hpp"
 #include "tests/wire/pcap.hpp"
 #include "verbs/verbs.hpp"
 
@@ -1017,6 +1018,48 @@ TEST_CASE("an SRQ shared by two QPs, with its limit event", "[verbs][memif]") {
         if (down != 2) throw std::runtime_error("server did not disconnect");
         ids.clear();
         for (auto& q : qps) q.reset();
+        p.disconnected = true;
+        return p.end(0);
+    };
+    check_outcomes(run_pair(server, client));
+}
+
+TEST_CASE("a peer that accepts TCP but never answers MPA: unreachable after the reply time limit", "[verbs][memif]") {
+    auto server = [](const PeerConfig& cfg) {
+        Peer p(cfg, 64, verbs::access::local_write);
+        // A plain TCP listener (no MPA): takes the connection, ignores the request, closes when the peer does.
+        struct Mute : stack::TcpConnection::Handler, stack::TcpListener::Handler {
+            std::unique_ptr<stack::TcpConnection> conn;
+            bool gone = false;
+            void on_accept(std::unique_ptr<stack::TcpConnection> c) override {
+                c->set_handler(this);
+                conn = std::move(c);
+            }
+            void on_receive(stack::TcpConnection&, stack::RecvBuffer) override {}
+            void on_remote_close(stack::TcpConnection& c) override {
+                c.close();
+                gone = true;
+            }
+            void on_error(stack::TcpConnection&, stack::TcpError) override { gone = true; }
+        } mute;
+        {
+            stack::TcpListener l(p.ctx->stack(), cfg.tcp_port, mute);
+            p.ctx->run_until([&] { return mute.gone; }, kWait);
+            mute.conn.reset();
+        }
+        p.disconnected = true;
+        return p.end(mute.gone ? 0 : 1);
+    };
+    auto client = [](const PeerConfig& cfg) {
+        Peer p(cfg, 64, verbs::access::local_write);
+        p.post_recv(5, 0, 64);
+        const auto t0 = std::chrono::steady_clock::now();
+        p.id = p.ctx->connect(cfg.peer, cfg.tcp_port, *p.qp, {.mpa_timeout = 500ms});
+        auto ev = p.wait_event(verbs::CmEventType::unreachable);
+        const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        report("unreachable after " + std::to_string(secs) + " s: " + ev.reason);
+        if (secs < 0.45 || secs > 3) throw std::runtime_error("time limit not kept");
+        Peer::expect(p.wait_wc(1)[0], WcStatus::wr_flush_err, WcOpcode::recv, 5);
         p.disconnected = true;
         return p.end(0);
     };
