@@ -602,16 +602,17 @@ TEST_CASE("connect to a port nobody listens on: unreachable, receives flushed", 
     check_outcomes(run_pair(server, client));
 }
 
-TEST_CASE("64 MiB of WRITEs with content check", "[verbs][memif]") {
-    constexpr std::size_t kRegion = 4 << 20;
-    constexpr int kWrites = 64;  // 1 MiB each, round the 4 MiB region
-    constexpr std::uint32_t kLen = 1 << 20;
+TEST_CASE("1 GiB of WRITEs with content check", "[verbs][memif]") {
+    constexpr std::size_t kRegion = 16 << 20;
+    constexpr int kWrites = 256;  // 4 MiB each, round the 16 MiB region: 1 GiB
+    constexpr std::uint32_t kLen = 4 << 20;
+    constexpr int kRounds = kWrites / 4;
     auto server = [](const PeerConfig& cfg) {
         Peer p(cfg, kRegion, kAll);
-        for (int i = 0; i < 16; ++i) p.post_recv(i, 0, 0);
+        for (int i = 0; i < kRounds; ++i) p.post_recv(i, 0, 0);
         p.serve();
         // After every 4 WRITEs the client SENDs a marker; check the region then, repost.
-        for (int round = 0; round < kWrites / 4; ++round) {
+        for (int round = 0; round < kRounds; ++round) {
             Peer::expect(p.wait_wc(1)[0], WcStatus::success, WcOpcode::recv, round);
             for (int k = 0; k < 4; ++k) {
                 const int i = round * 4 + k;
@@ -621,15 +622,15 @@ TEST_CASE("64 MiB of WRITEs with content check", "[verbs][memif]") {
             // Tell the client the region may be written again.
             p.post_send({.wr_id = 100u + round, .opcode = verbs::WrOpcode::send});
         }
-        report("64 MiB verified");
+        report("1 GiB verified");
         return p.end(0);
     };
     auto client = [](const PeerConfig& cfg) {
         Peer p(cfg, kRegion, verbs::access::local_write);
-        for (int i = 0; i < 16; ++i) p.post_recv(i, 0, 0);
+        for (int i = 0; i < kRounds; ++i) p.post_recv(i, 0, 0);
         p.connect();
         const auto t0 = std::chrono::steady_clock::now();
-        for (int round = 0; round < kWrites / 4; ++round) {
+        for (int round = 0; round < kRounds; ++round) {
             for (int k = 0; k < 4; ++k) {
                 fill_pattern(round * 4 + k, 0, std::span(p.buf).subspan(k * kLen, kLen));
                 const verbs::Sge s = p.mr->sge(k * kLen, kLen);
@@ -641,7 +642,7 @@ TEST_CASE("64 MiB of WRITEs with content check", "[verbs][memif]") {
             Peer::expect(p.wait_wc(1)[0], WcStatus::success, WcOpcode::recv, round);  // the server checked
         }
         const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        report("MBps=" + std::to_string(64.0 * (1 << 20) / secs / 1e6));
+        report("MBps=" + std::to_string(1024.0 * (1 << 20) / secs / 1e6));
         return p.end(0);
     };
     check_outcomes(run_pair(server, client));
