@@ -81,14 +81,18 @@ std::uint32_t QueuePair::alloc_slot() noexcept {
     return s;
 }
 
+void QueuePair::free_slot(std::uint32_t slot) noexcept {
+    sq_[slot].next_free = sq_free_;
+    sq_free_ = slot;
+    --sq_used_;
+}
+
 void QueuePair::complete_send(std::uint32_t slot, WcStatus st) noexcept {
-    SqSlot& s = sq_[slot];
+    const SqSlot& s = sq_[slot];
     if (st != WcStatus::success || s.signaled)
         send_cq_->push(WorkCompletion{.wr_id = s.wr_id, .status = st, .opcode = s.opcode, .byte_len = s.byte_len,
                                       .qp_num = qp_num_});
-    s.next_free = sq_free_;
-    sq_free_ = slot;
-    --sq_used_;
+    free_slot(slot);
 }
 
 PostResult<SendWr> QueuePair::post_send(std::span<const SendWr> wrs) noexcept {
@@ -114,9 +118,8 @@ PostResult<SendWr> QueuePair::post_send(std::span<const SendWr> wrs) noexcept {
         if (wr.sg_list.size() > cap_.max_send_sge) return {PostErrc::too_many_sge, &wr};
         const std::uint32_t slot = alloc_slot();
         if (slot == kNoSlot) return {PostErrc::queue_full, &wr};
-        auto refuse = [&](PostErrc e) {
-            sq_[slot].signaled = false;
-            complete_send(slot, WcStatus::success);  // returns the slot, no completion
+        auto refuse = [&](PostErrc e) {  // not posted: the slot goes back, no completion
+            free_slot(slot);
             return PostResult<SendWr>{e, &wr};
         };
         SqSlot& s = sq_[slot];

@@ -378,6 +378,7 @@ private:
     std::uint32_t alloc_slot() noexcept;
     PostErrc check_sge(const Sge& s, bool need_write, std::span<std::byte>& out) const noexcept;
     void complete_send(std::uint32_t slot, WcStatus st) noexcept;
+    void free_slot(std::uint32_t slot) noexcept;
 
     // A send WR from post to completion; the endpoint's wr_id is the slot index.
     struct SqSlot {
