@@ -53,13 +53,6 @@ std::string term_str(const TermCode& c) {
            " ecode=" + std::to_string(c.ecode);
 }
 
-// DPDK 22.11's memif can fault when its interrupt thread tears down a connection whose peer exited while
-// this process is inside rx_burst (seen once under heavy load). So a role stops polling before it exits and
-// sleeps a moment: the peer, finishing within milliseconds of us, then exits while we sleep, and vice versa.
-int quiet_exit(int rc) {
-    std::this_thread::sleep_for(300ms);
-    return rc;
-}
 
 // One side: context, PD, CQ, QP, a buffer registered as one MR.
 struct Peer {
@@ -180,7 +173,7 @@ struct Peer {
         listener.reset();
         qp.reset();
         mr.reset();
-        return quiet_exit(finish_checks(ctx->stack(), ctx->port(), baseline, rc));
+        return finish_checks(ctx->stack(), ctx->port(), baseline, rc);
     }
 };
 
@@ -596,7 +589,7 @@ TEST_CASE("connect to a port nobody listens on: unreachable, receives flushed", 
     auto server = [](const PeerConfig& cfg) {
         Peer p(cfg, 64, verbs::access::local_write);
         // No listener: the client's SYN is refused. Poll until its SYN (after ARP) has come and been answered,
-        // then wait without polling until the client has gone (see quiet_exit()).
+        // then wait without polling until the client has gone (see finish_checks()).
         const auto& c = p.ctx->stack().counters();
         p.ctx->run_until([&] { return c.rx_frames >= 2 && c.tx_frames >= 2; }, kWait);
         p.ctx->run_until([] { return false; }, 200ms);
@@ -839,7 +832,7 @@ TEST_CASE("1024 QPs connected in one process pair, each exchanging a SEND both w
             ids.clear();
             qps.clear();
             mr.reset();
-            return quiet_exit(finish_checks(ctx->stack(), ctx->port(), baseline, rc));
+            return finish_checks(ctx->stack(), ctx->port(), baseline, rc);
         }
     };
     auto server = [](const PeerConfig& cfg) {
