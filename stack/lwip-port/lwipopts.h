@@ -46,7 +46,10 @@
 #define IP_FRAG                         0
 #define ARP_TABLE_SIZE                  64   /* peers on the L2 segment; one entry per neighbour */
 #define ARP_QUEUEING                    1
-#define ARP_QUEUE_LEN                   16   /* frames held per neighbour while ARP resolves */
+/* Frames held per neighbour while its ARP resolves. Every connection opened before the first ARP reply
+ * queues its SYN here, and lwIP drops the excess (each costs a 3 s SYN retransmission: lwIP's initial RTO
+ * is fixed): rule >= the connections an application opens at once to one peer (1024 QPs). */
+#define ARP_QUEUE_LEN                   1100
 #define ETHARP_SUPPORT_STATIC_ENTRIES   1
 
 /* ---- TCP ---------------------------------------------------------------------------------------- */
@@ -103,7 +106,7 @@
 #define PBUF_POOL_SIZE                  0
 #define PBUF_POOL_BUFSIZE               1536
 #define LWIP_SUPPORT_CUSTOM_PBUF        1
-#define MEMP_NUM_ARP_QUEUE              64
+#define MEMP_NUM_ARP_QUEUE              ARP_QUEUE_LEN  /* one queue entry per held frame */
 #define MEMP_NUM_SYS_TIMEOUT            (LWIP_NUM_SYS_TIMEOUT_INTERNAL + 4)
 #define MEMP_NUM_REASSDATA              0
 #define MEMP_NUM_FRAG_PBUF              0
