@@ -392,7 +392,14 @@ std::size_t Endpoint::ulpdu_header_length(std::uint16_t ctrl) {
 
 ProtoStatus Endpoint::on_ulpdu_header(std::span<const std::byte> hdr, std::size_t payload_len) {
     if (state_ == State::error) return error_;
-    rx_ = RxSeg{};
+    // Reset what the previous segment left (not the whole RxSeg: zero-filling its header array per FPDU
+    // costs more than the rest of this function). th/uh/hdr are written below before anything reads them.
+    rx_.op = nullptr;
+    rx_.opcode = 0;
+    rx_.hdr_len = 0;
+    rx_.payload_len = 0;
+    rx_.got = 0;
+    rx_.access = Access::remote_write;
     if (hdr.size() < 2) return fail(ddp::err::local_catastrophic, {}, 0);
     const std::uint16_t ctrl = ddp::load_be16(hdr, 0);
     // DDP first (RFC 5041 section 7.2), then RDMAP (RFC 5040 section 7.2): versions, then the opcode.
