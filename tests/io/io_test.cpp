@@ -50,6 +50,20 @@ void check_failed_with(const ChildOutcome& out, const std::string& needle) {
     CHECK(out.report.find(needle) != std::string::npos);
 }
 
+// In a child: this process alone stops seeing hugetlbfs (a private mount namespace without those mounts),
+// so DPDK finds no hugepages. Needs root.
+bool hide_hugetlbfs() {
+    if (::unshare(CLONE_NEWNS) != 0 || ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0)
+        return false;
+    std::ifstream mounts("/proc/mounts");
+    std::string dev, dir, type, rest;
+    std::vector<std::string> huge;
+    while (mounts >> dev >> dir >> type && std::getline(mounts, rest))
+        if (type == "hugetlbfs") huge.push_back(dir);
+    for (const auto& d : huge) ::umount2(d.c_str(), MNT_DETACH);
+    return true;
+}
+
 std::vector<std::vector<std::byte>> read_pcap(const std::string& path) {
     std::ifstream in(path, std::ios::binary);
     std::vector<std::vector<std::byte>> frames;
@@ -181,15 +195,7 @@ TEST_CASE("bad io configurations fail with one clear error", "[io][errors]") {
             return;
         }
         const auto out = in_child([] {
-            // This child alone stops seeing hugetlbfs: a private mount namespace without those mounts.
-            if (::unshare(CLONE_NEWNS) != 0 || ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0)
-                return 20;
-            std::ifstream mounts("/proc/mounts");
-            std::string dev, dir, type, rest;
-            std::vector<std::string> huge;
-            while (mounts >> dev >> dir >> type && std::getline(mounts, rest))
-                if (type == "hugetlbfs") huge.push_back(dir);
-            for (const auto& d : huge) ::umount2(d.c_str(), MNT_DETACH);
+            if (!hide_hugetlbfs()) return 20;
             if (io::hugepages_available()) return 21;
             io::PortConfig cfg;
             cfg.backend = io::Backend::ring;
@@ -211,14 +217,7 @@ TEST_CASE("bad io configurations fail with one clear error", "[io][errors]") {
             return;
         }
         const auto out = in_child([] {
-            if (::unshare(CLONE_NEWNS) != 0 || ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0)
-                return 20;
-            std::ifstream mounts("/proc/mounts");
-            std::string dev, dir, type, rest;
-            std::vector<std::string> huge;
-            while (mounts >> dev >> dir >> type && std::getline(mounts, rest))
-                if (type == "hugetlbfs") huge.push_back(dir);
-            for (const auto& d : huge) ::umount2(d.c_str(), MNT_DETACH);
+            if (!hide_hugetlbfs()) return 20;
             io::PortConfig cfg;
             cfg.backend = io::Backend::ring;
             auto ports = io::open_ring_pair(cfg, cfg);  // Hugepages::automatic

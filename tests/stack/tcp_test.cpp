@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include "tests/support/netns.hpp"
+#include "tests/support/checks.hpp"
 #include "tests/support/processes.hpp"
 #include "tests/support/tcp_roles.hpp"
 
@@ -13,15 +14,6 @@ using namespace softrdma::test;
 using namespace std::chrono_literals;
 
 namespace {
-
-void check_outcomes(const std::vector<ChildOutcome>& out) {
-    for (const auto& o : out) {
-        INFO(o.name << " exit=" << o.exit_code << (o.timed_out ? " TIMED OUT" : "") << "\n" << o.report);
-        CHECK_FALSE(o.timed_out);
-        CHECK(o.exit_code == 0);
-        CHECK(o.report.find("pools back to start") != std::string::npos);
-    }
-}
 
 std::string field(const std::string& report, const std::string& key) {
     const auto at = report.find(key + "=");

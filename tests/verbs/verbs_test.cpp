@@ -17,6 +17,7 @@
 #include "ddp/header.hpp"
 #include "rdmap/messages.hpp"
 #include "mpa/fpdu.hpp"
+#include "tests/support/checks.hpp"
 #include "tests/support/processes.hpp"
 #include "tests/support/tcp_roles.hpp"
 #include "stack/tcp.hpp"
@@ -176,15 +177,6 @@ struct Peer {
         return finish_checks(ctx->stack(), ctx->port(), baseline, rc);
     }
 };
-
-void check_outcomes(const std::vector<ChildOutcome>& out) {
-    for (const auto& o : out) {
-        INFO(o.name << " exit=" << o.exit_code << (o.timed_out ? " TIMED OUT" : "") << "\n" << o.report);
-        CHECK_FALSE(o.timed_out);
-        CHECK(o.exit_code == 0);
-        CHECK(o.report.find("pools back to start") != std::string::npos);
-    }
-}
 
 std::vector<ChildOutcome> run_pair(const std::function<int(const PeerConfig&)>& server,
                                    const std::function<int(const PeerConfig&)>& client) {
