@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <vector>
 
 #include "io/port.hpp"
@@ -29,10 +30,13 @@ ChildOutcome in_child(const std::function<int()>& body, std::chrono::seconds tim
 }
 
 // A child that opens a port with `cfg` and must fail with io::Error; reports the message.
-ChildOutcome expect_open_failure(const io::PortConfig& cfg, const io::EalConfig& eal = {}) {
+// A child that runs `prepare` (0 = go on, else that exit code), then `open`, which must throw io::Error;
+// the child reports the message.
+ChildOutcome expect_io_error(const std::function<int()>& prepare, const std::function<void()>& open) {
     return in_child([=] {
+        if (const int rc = prepare()) return rc;
         try {
-            auto port = io::open_port(cfg, eal);
+            open();
             report("opened unexpectedly");
             return 0;
         } catch (const io::Error& e) {
@@ -40,6 +44,10 @@ ChildOutcome expect_open_failure(const io::PortConfig& cfg, const io::EalConfig&
             return 1;
         }
     });
+}
+
+ChildOutcome expect_open_failure(const io::PortConfig& cfg, const io::EalConfig& eal = {}) {
+    return expect_io_error([] { return 0; }, [=] { io::open_port(cfg, eal); });
 }
 
 // The child failed the way a user should see it: exit code 1 and a message containing `needle`.
@@ -178,38 +186,22 @@ TEST_CASE("bad io configurations fail with one clear error", "[io][errors]") {
         io::PortConfig cfg;
         cfg.backend = io::Backend::ring;
         cfg.mtu = 100;
-        const auto out = in_child([=] {
-            try {
-                io::open_ring_pair(cfg, cfg);
-                return 0;
-            } catch (const io::Error& e) {
-                report(std::string("error: ") + e.what());
-                return 1;
-            }
-        });
-        check_failed_with(out, "minimum");
+        check_failed_with(expect_io_error([] { return 0; }, [=] { io::open_ring_pair(cfg, cfg); }), "minimum");
     }
     SECTION("hugepages required but absent") {
         if (::geteuid() != 0) {
             WARN("skipped: hiding hugetlbfs needs root (a private mount namespace)");
             return;
         }
-        const auto out = in_child([] {
-            if (!hide_hugetlbfs()) return 20;
-            if (io::hugepages_available()) return 21;
+        const auto hide = [] { return !hide_hugetlbfs() ? 20 : io::hugepages_available() ? 21 : 0; };
+        const auto open = [] {
             io::PortConfig cfg;
             cfg.backend = io::Backend::ring;
             io::EalConfig eal;
             eal.hugepages = io::Hugepages::required;
-            try {
-                io::open_ring_pair(cfg, cfg, eal);
-                return 0;
-            } catch (const io::Error& e) {
-                report(std::string("error: ") + e.what());
-                return 1;
-            }
-        });
-        check_failed_with(out, "run scripts/setup");
+            io::open_ring_pair(cfg, cfg, eal);
+        };
+        check_failed_with(expect_io_error(hide, open), "run scripts/setup");
     }
     SECTION("no hugepages: automatic mode runs without them") {
         if (::geteuid() != 0) {
