@@ -1,0 +1,345 @@
+// SPDX-License-Identifier: MIT
+// Plumbing shared by the examples, kept apart so that each example file shows only the RDMA part:
+//   - the command line of the network side (role, backend, addresses, hugepages, timeout);
+//   - the verbs::ContextConfig for one end;
+//   - the --local runner: both ends on this machine, each in its own forked process, over DPDK memif;
+//   - bounded waits (every wait in the examples ends, with an error, after a time limit);
+//   - latency statistics (percentiles of preallocated samples).
+#pragma once
+
+#include <endian.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <spdlog/spdlog.h>
+
+#include "io/eal.hpp"
+#include "verbs/verbs.hpp"
+
+namespace examples {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+namespace verbs = softrdma::verbs;
+
+// ---- the network side of the command line ---------------------------------------------------------------
+enum class Role { local, server, client };
+
+struct NetOptions {
+    Role role = Role::local;          // no --server/--client: both ends here (--local)
+    std::string memif_socket = "/run/softrdma-memif.sock";  // memif (default backend): shared by both ends
+    std::string af_packet;            // --af-packet IFACE: a Linux interface instead of memif
+    std::string ip;                   // this end's IPv4 address ("" = 198.18.0.1 server, .2 client)
+    std::string peer_ip;              // client: the server's address ("" = 198.18.0.1)
+    std::uint16_t port = 7471;        // TCP port the server listens on (MPA runs over it)
+    bool no_huge = false;             // run DPDK without hugepages
+    std::string lcores;               // DPDK core list for this process ("" = core 0)
+    unsigned timeout_s = 60;          // every wait ends with an error after this
+    bool local_child = false;         // set by run_local: this process is one end of --local
+};
+
+inline const char* net_usage() {
+    return "  --local                 both ends on this machine over memif (default)\n"
+           "  --server | --client     one end; run the other with the other flag\n"
+           "  --memif PATH            memif socket shared by both ends (default /run/softrdma-memif.sock)\n"
+           "  --af-packet IFACE       use a Linux interface (veth, tap, NIC) instead of memif\n"
+           "  --ip A.B.C.D            this end's address (default 198.18.0.1 server, 198.18.0.2 client)\n"
+           "  --peer-ip A.B.C.D       client: the server's address (default 198.18.0.1)\n"
+           "  --port N                TCP port of the server (default 7471)\n"
+           "  --lcores LIST           DPDK cores for this process (default: 0; --local uses 0 and 1)\n"
+           "  --no-huge               run DPDK without hugepages\n"
+           "  --timeout S             give up after S seconds without progress (default 60)\n";
+}
+
+// Walks argv; the example's own flags are tried first (its callback returns true when it took argv[i],
+// advancing i past a value), then the network flags. Throws std::invalid_argument on anything unknown.
+class Args {
+public:
+    Args(int argc, char** argv) : argc_(argc), argv_(argv) {}
+    // The value after argv[i] (and moves i onto it).
+    const char* value(int& i) const {
+        if (i + 1 >= argc_) throw std::invalid_argument(std::string(argv_[i]) + " needs a value");
+        return argv_[++i];
+    }
+    unsigned long number(int& i) const {
+        const char* v = value(i);
+        char* end = nullptr;
+        const unsigned long n = std::strtoul(v, &end, 10);
+        if (end == v || *end != '\0') throw std::invalid_argument(std::string(argv_[i - 1]) + ": not a number: " + v);
+        return n;
+    }
+    void parse(NetOptions& net, const std::function<bool(const std::string&, int&)>& own) const {
+        for (int i = 1; i < argc_; ++i) {
+            const std::string a = argv_[i];
+            if (own(a, i)) continue;
+            if (a == "--local") net.role = Role::local;
+            else if (a == "--server") net.role = Role::server;
+            else if (a == "--client") net.role = Role::client;
+            else if (a == "--memif") net.memif_socket = value(i);
+            else if (a == "--af-packet") net.af_packet = value(i);
+            else if (a == "--ip") net.ip = value(i);
+            else if (a == "--peer-ip") net.peer_ip = value(i);
+            else if (a == "--port") net.port = static_cast<std::uint16_t>(number(i));
+            else if (a == "--lcores") net.lcores = value(i);
+            else if (a == "--no-huge") net.no_huge = true;
+            else if (a == "--timeout") net.timeout_s = static_cast<unsigned>(std::max(1ul, number(i)));
+            else throw std::invalid_argument("unknown flag " + a);
+        }
+        if (net.role == Role::local && !net.af_packet.empty())
+            throw std::invalid_argument("--local runs over memif; use --server/--client with --af-packet");
+    }
+
+private:
+    int argc_;
+    char** argv_;
+};
+
+// The Context of one end: port (memif or af_packet), EAL, lwIP address. Small tables: one QP, a few MRs.
+inline verbs::ContextConfig context_config(const NetOptions& o) {
+    const bool server = o.role == Role::server;
+    verbs::ContextConfig cc;
+    if (o.af_packet.empty()) {
+        cc.port.backend = softrdma::io::Backend::memif;
+        cc.port.memif_socket = o.memif_socket;
+        cc.port.memif_server = server;  // one end of a memif link is its server (it creates the socket)
+    } else {
+        cc.port.backend = softrdma::io::Backend::af_packet;
+        cc.port.iface = o.af_packet;
+    }
+    cc.port.link_timeout = std::chrono::seconds(std::min(o.timeout_s, 30u));
+    cc.eal.lcores = o.lcores;
+    cc.eal.hugepages = o.no_huge ? softrdma::io::Hugepages::off : softrdma::io::Hugepages::automatic;
+    cc.eal.no_huge_memory_mb = 256;
+    cc.stack.address = softrdma::stack::Ipv4::parse(!o.ip.empty() ? o.ip : server ? "198.18.0.1" : "198.18.0.2");
+    cc.max_mr = 16;
+    cc.max_qp = 4;
+    return cc;
+}
+
+inline softrdma::stack::Ipv4 peer_address(const NetOptions& o) {
+    return softrdma::stack::Ipv4::parse(o.peer_ip.empty() ? "198.18.0.1" : o.peer_ip);
+}
+
+// ---- bounded waits -------------------------------------------------------------------------------------
+// The next CM event, which must be `want`; anything else (or nothing within the time limit) throws.
+inline verbs::CmEvent expect_cm_event(verbs::Context& ctx, verbs::CmEventType want, std::chrono::seconds limit) {
+    auto ev = ctx.wait_cm_event(limit);
+    if (!ev)
+        throw std::runtime_error(std::string("no CM event within ") + std::to_string(limit.count()) + " s (waited for " +
+                                 verbs::to_string(want) + ")");
+    if (ev->type != want)
+        throw std::runtime_error(std::string("CM event ") + verbs::to_string(ev->type) +
+                                 (ev->reason.empty() ? "" : " (" + ev->reason + ")") + ", expected " +
+                                 verbs::to_string(want));
+    return std::move(*ev);
+}
+
+// Runs the polling loop (Context::poll: RX, protocol, TX) until done() or the deadline. A template, not a
+// std::function, so the data path builds nothing on the heap. The clock is read every 64 turns.
+template <class Done>
+bool poll_until(verbs::Context& ctx, Done&& done, Clock::time_point deadline) noexcept {
+    for (unsigned turn = 0;; ++turn) {
+        if (done()) return true;
+        if ((turn & 63) == 0 && Clock::now() >= deadline) return done();
+        ctx.poll();
+    }
+}
+
+// Ends a connection in order: disconnect (our queued sends still go out), wait for the disconnected event.
+inline void disconnect(verbs::Context& ctx, verbs::CmId& id, std::chrono::seconds limit) {
+    id.disconnect();
+    const auto deadline = Clock::now() + limit;
+    while (Clock::now() < deadline) {
+        auto ev = ctx.wait_cm_event(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
+        if (ev && ev->type == verbs::CmEventType::disconnected) return;
+    }
+    throw std::runtime_error("no disconnected event after disconnect()");
+}
+
+// A process using DPDK memif stops polling a moment before it exits: DPDK 22.11's memif can fault in
+// rx_burst while its interrupt thread tears down the link of a peer that just left (tests/support does the
+// same). Call after the last poll.
+inline void quiet_exit_pause() { std::this_thread::sleep_for(300ms); }
+
+// ---- big-endian fields of the private-data / message layouts -------------------------------------------
+inline std::uint64_t to_be(std::uint64_t v) { return htobe64(v); }
+inline std::uint32_t to_be(std::uint32_t v) { return htobe32(v); }
+inline std::uint64_t from_be(std::uint64_t v) { return be64toh(v); }
+inline std::uint32_t from_be(std::uint32_t v) { return be32toh(v); }
+
+template <class T>
+std::span<const std::byte> bytes_of(const T& t) {
+    return {reinterpret_cast<const std::byte*>(&t), sizeof t};
+}
+template <class T>
+T from_private_data(const softrdma::mpa::PrivateData& pd) {
+    T t{};
+    if (pd.size != sizeof t)
+        throw std::runtime_error("peer's private data is " + std::to_string(pd.size) + " bytes, expected " +
+                                 std::to_string(sizeof t) + " (another program on that port?)");
+    std::memcpy(&t, pd.bytes.data(), sizeof t);
+    return t;
+}
+
+// ---- latency statistics ------------------------------------------------------------------------------------
+// Samples in microseconds. reserve() at setup; add() on the data path never allocates.
+class Latency {
+public:
+    explicit Latency(std::size_t n) { us_.reserve(n); }
+    void add(Clock::duration d) noexcept {
+        if (us_.size() < us_.capacity()) us_.push_back(std::chrono::duration<double, std::micro>(d).count());
+    }
+    // Prints the title, then one line per statistic: iterations, min, p50, p90, p99, p99.9, max (µs).
+    // Percentiles by nearest rank: the smallest sample with at least p % of the samples at or below it.
+    void print(const std::string& title) {
+        std::sort(us_.begin(), us_.end());
+        std::printf("%s\n", title.c_str());
+        std::printf("  %-10s %10zu\n", "iterations", us_.size());
+        if (us_.empty()) return;
+        auto pct = [&](double p) {
+            const auto rank = static_cast<std::size_t>(std::ceil(p / 100.0 * static_cast<double>(us_.size())));
+            return us_[std::clamp<std::size_t>(rank, 1, us_.size()) - 1];
+        };
+        const std::pair<const char*, double> rows[] = {{"min", us_.front()}, {"p50", pct(50)},   {"p90", pct(90)},
+                                                       {"p99", pct(99)},     {"p99.9", pct(99.9)}, {"max", us_.back()}};
+        for (const auto& [name, v] : rows) std::printf("  %-10s %10.2f us\n", name, v);
+        std::fflush(stdout);
+    }
+
+private:
+    std::vector<double> us_;
+};
+
+// ---- --local: both ends on this machine --------------------------------------------------------------------
+// Runs `server` and `client` each in its own forked process (each has its own DPDK EAL, port and lwIP stack,
+// as two machines would), joined by a fresh memif socket; cores 0 and 1. Waits for both, at most
+// net.timeout_s + 15 s; a process still running then is killed. If one end fails, the other gets 5 s to
+// notice before it is killed. Returns 0 when both ends returned 0, else 1.
+inline int run_local(NetOptions net, const std::function<int(const NetOptions&)>& server,
+                     const std::function<int(const NetOptions&)>& client) {
+    // Checked once here so the message appears once, not in each process.
+    if (!net.no_huge && !softrdma::io::hugepages_available()) {
+        std::printf("note: no free hugepages (scripts/setup reserves them); running DPDK with --no-huge\n");
+        net.no_huge = true;
+    }
+    const std::string dir = ::access("/run", W_OK) == 0 ? "/run" : "/tmp";
+    net.memif_socket = dir + "/softrdma-example-" + std::to_string(::getpid()) + ".sock";
+    const bool two_cores = std::thread::hardware_concurrency() >= 2;
+
+    struct Child {
+        const char* name;
+        pid_t pid;
+        int status;
+        bool done;
+    };
+    Child kids[2] = {{"server", -1, 0, false}, {"client", -1, 0, false}};
+    for (int k = 0; k < 2; ++k) {
+        NetOptions mine = net;
+        mine.role = k == 0 ? Role::server : Role::client;
+        mine.local_child = true;
+        mine.lcores = k == 0 || !two_cores ? "0" : "1";
+        if (k == 1) std::this_thread::sleep_for(200ms);  // the memif server creates the socket first
+        std::fflush(nullptr);  // or the child prints the parent's unwritten output again
+        const pid_t pid = ::fork();
+        if (pid < 0) {
+            std::perror("fork");
+            return 1;
+        }
+        if (pid == 0) {
+            int rc = 1;
+            try {
+                rc = (k == 0 ? server : client)(mine);
+            } catch (const std::exception& e) {
+                std::fprintf(stderr, "%s: %s\n", kids[k].name, e.what());
+            }
+            std::fflush(nullptr);
+            ::_exit(rc);  // no atexit handlers of the parent's objects
+        }
+        kids[k].pid = pid;
+    }
+
+    const auto deadline = Clock::now() + std::chrono::seconds(net.timeout_s + 15);
+    std::optional<Clock::time_point> failed_at;
+    int left = 2;
+    while (left > 0) {
+        for (auto& c : kids) {
+            if (c.done || ::waitpid(c.pid, &c.status, WNOHANG) != c.pid) continue;
+            c.done = true;
+            --left;
+            if (!(WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0) && !failed_at) failed_at = Clock::now();
+        }
+        const auto now = Clock::now();
+        if (left > 0 && (now >= deadline || (failed_at && now >= *failed_at + 5s))) {
+            for (auto& c : kids) {
+                if (c.done) continue;
+                std::fprintf(stderr, "%s: still running %s; killed\n", c.name,
+                             now >= deadline ? "at the time limit" : "5 s after its peer failed");
+                ::kill(c.pid, SIGKILL);
+                ::waitpid(c.pid, &c.status, 0);
+                c.done = true;
+                --left;
+            }
+        }
+        std::this_thread::sleep_for(10ms);
+    }
+    ::unlink(net.memif_socket.c_str());
+    int rc = 0;
+    for (const auto& c : kids) {
+        if (WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0) continue;
+        if (WIFSIGNALED(c.status))
+            std::fprintf(stderr, "%s ended by signal %d\n", c.name, WTERMSIG(c.status));
+        else
+            std::fprintf(stderr, "%s exited with %d\n", c.name, WEXITSTATUS(c.status));
+        rc = 1;
+    }
+    return rc;
+}
+
+// main() of every example: parse, then run the role (or both), turning exceptions into exit code 1 and bad
+// flags into 2 with the usage text.
+inline int run_main(int argc, char** argv, const char* usage, NetOptions& net,
+                    const std::function<bool(const Args&, const std::string&, int&)>& own_flag,
+                    const std::function<int(const NetOptions&)>& server,
+                    const std::function<int(const NetOptions&)>& client) {
+    spdlog::set_level(spdlog::level::warn);  // the library logs CM events at debug level only
+    try {
+        Args args(argc, argv);
+        args.parse(net, [&](const std::string& a, int& i) {
+            if (a == "-h" || a == "--help") throw std::invalid_argument("");
+            return own_flag(args, a, i);
+        });
+    } catch (const std::invalid_argument& e) {
+        if (e.what()[0] != '\0') std::fprintf(stderr, "%s: %s\n", argv[0], e.what());
+        std::fprintf(stderr, "usage: %s %s\n%s", argv[0], usage, net_usage());
+        return 2;
+    }
+    try {
+        switch (net.role) {
+        case Role::local: return run_local(net, server, client);
+        case Role::server: return server(net);
+        case Role::client: return client(net);
+        }
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "%s: %s\n", argv[0], e.what());
+    }
+    return 1;
+}
+
+}  // namespace examples
