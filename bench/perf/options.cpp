@@ -1,0 +1,251 @@
+// SPDX-License-Identifier: MIT
+#include "bench/perf/options.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <string_view>
+
+namespace softrdma::perf {
+
+const char* to_string(Test t) noexcept {
+    switch (t) {
+    case Test::send: return "send";
+    case Test::write: return "write";
+    case Test::read: return "read";
+    case Test::atomic: return "atomic";
+    }
+    return "?";
+}
+
+const char* to_string(Kind k) noexcept { return k == Kind::lat ? "lat" : "bw"; }
+
+std::vector<Phase> plan(const WireParams& p) {
+    std::vector<std::uint32_t> sizes;
+    if (p.test == Test::atomic) {
+        sizes = {8};
+    } else if (p.sweep != 0) {
+        for (std::uint64_t s = 2; s <= p.max_size; s *= 2) sizes.push_back(static_cast<std::uint32_t>(s));
+    } else {
+        sizes = {p.size};
+    }
+    // Without -n: perftest's defaults, scaled down for large messages so that one size moves at most
+    // `budget` bytes (a sweep to 8 MiB then takes seconds, not minutes); never below 16 timed messages.
+    const std::uint64_t budget = p.kind == Kind::lat ? (128ull << 20) : (1ull << 30);
+    const std::uint32_t def = p.kind == Kind::lat ? kDefaultLatIters : kDefaultBwIters;
+    std::vector<Phase> out;
+    for (const std::uint32_t s : sizes) {
+        Phase ph;
+        ph.size = s;
+        ph.iters = p.iters != 0 ? p.iters
+                                : static_cast<std::uint32_t>(std::clamp<std::uint64_t>(budget / s, 16, def));
+        if (p.warmup != ~0u) {
+            ph.warmup = p.warmup;
+        } else {
+            const std::uint32_t w = p.kind == Kind::lat ? 16 : std::max<std::uint32_t>(p.depth, 16);
+            ph.warmup = std::min(w, ph.iters / 10);
+        }
+        out.push_back(ph);
+    }
+    return out;
+}
+
+void usage(const char* argv0) {
+    std::fprintf(stderr,
+        "usage: %s [--test send|write|read|atomic] [--lat|--bw] [-s SIZE | -a] [-n ITERS] [-w WARMUP]\n"
+        "          [-t DEPTH] [-r RX_DEPTH] [-c CQ_MOD] [-I INLINE] [-o OUTS] [--crc] [--mtu 1500|9000]\n"
+        "          [--no-huge] [--threading rtc|rx-thread] [--cpu LIST] [--json FILE] [--timeout SEC]\n"
+        "          [--deadline SEC] [--verbose]\n"
+        "          [--local | --server | --client PEER] [--addr IP] [--netmask MASK] [--port TCP_PORT]\n"
+        "          [--backend memif|af_packet|device] [--memif-socket PATH] [--iface IF] [--device DEV]\n"
+        "see bench/README text in the top-level README for what each flag does\n",
+        argv0);
+}
+
+namespace {
+
+bool to_u32(std::string_view text, std::uint32_t& out) {
+    if (text.empty()) return false;
+    char* end = nullptr;
+    const std::string s(text);
+    const unsigned long long v = std::strtoull(s.c_str(), &end, 0);
+    std::uint64_t mult = 1;
+    if (*end == 'k' || *end == 'K') mult = 1024, ++end;
+    else if (*end == 'm' || *end == 'M') mult = 1024 * 1024, ++end;
+    if (*end != '\0' || v * mult > 0xffffffffull) return false;
+    out = static_cast<std::uint32_t>(v * mult);
+    return true;
+}
+
+}  // namespace
+
+bool parse(int argc, char** argv, Options& o, int& exit_code) {
+    WireParams& p = o.params;
+    p.magic = kWireMagic;
+    p.version = kWireVersion;
+    p.size = 0;
+    p.iters = 0;
+    p.warmup = ~0u;
+    p.depth = 128;
+    p.cq_mod = 0;
+    p.inline_size = 0;
+    p.outs = 0;
+    p.rx_depth = 0;
+    bool kind_set = false, size_set = false;
+    exit_code = 2;
+    auto fail = [&](const std::string& why) {
+        std::fprintf(stderr, "rdma_perf: %s\n", why.c_str());
+        return false;
+    };
+    for (int i = 1; i < argc; ++i) {
+        const std::string_view a = argv[i];
+        auto value = [&](std::string_view& v) {
+            if (i + 1 >= argc) return false;
+            v = argv[++i];
+            return true;
+        };
+        auto number = [&](std::uint32_t& out) {
+            std::string_view v;
+            return value(v) && to_u32(v, out);
+        };
+        std::string_view v;
+        std::uint32_t n = 0;
+        if (a == "-h" || a == "--help") {
+            usage(argv[0]);
+            exit_code = 0;
+            return false;
+        } else if (a == "--test") {
+            if (!value(v)) return fail("--test needs a value");
+            if (v == "send") p.test = Test::send;
+            else if (v == "write") p.test = Test::write;
+            else if (v == "read") p.test = Test::read;
+            else if (v == "atomic") p.test = Test::atomic;
+            else return fail("--test: send, write, read or atomic, not " + std::string(v));
+        } else if (a == "--lat") {
+            p.kind = Kind::lat;
+            kind_set = true;
+        } else if (a == "--bw") {
+            p.kind = Kind::bw;
+            kind_set = true;
+        } else if (a == "-s" || a == "--size") {
+            if (!number(n) || n == 0 || n > kMaxSize) return fail("-s: a size from 1 to 8M bytes");
+            p.size = n;
+            size_set = true;
+        } else if (a == "-a" || a == "--all") {
+            p.sweep = 1;
+        } else if (a == "-n" || a == "--iters") {
+            if (!number(n) || n == 0) return fail("-n: a positive count");
+            p.iters = n;
+        } else if (a == "-w" || a == "--warmup") {
+            if (!number(n) || n == ~0u) return fail("-w: a count");
+            p.warmup = n;
+        } else if (a == "-t" || a == "--tx-depth") {
+            if (!number(n) || n == 0 || n > 4096) return fail("-t: 1 .. 4096 outstanding WRs");
+            p.depth = n;
+        } else if (a == "-r" || a == "--rx-depth") {
+            if (!number(n) || n == 0 || n > 8192) return fail("-r: 1 .. 8192 receives");
+            p.rx_depth = n;
+        } else if (a == "-c" || a == "--cq-mod") {
+            if (!number(n) || n == 0) return fail("-c: a positive count");
+            p.cq_mod = n;
+        } else if (a == "-I" || a == "--inline") {
+            if (!number(n) || n > 4096) return fail("-I: 0 .. 4096 bytes");
+            p.inline_size = n;
+        } else if (a == "-o" || a == "--outs") {
+            if (!number(n) || n == 0 || n > 128) return fail("-o: 1 .. 128 (IRD/ORD)");
+            p.outs = n;
+        } else if (a == "--crc") {
+            o.crc = true;
+        } else if (a == "--mtu") {
+            if (!number(n) || (n != 1500 && n != 9000)) return fail("--mtu: 1500 or 9000");
+            o.mtu = static_cast<std::uint16_t>(n);
+        } else if (a == "--no-huge") {
+            o.no_huge = true;
+        } else if (a == "--threading") {
+            if (!value(v)) return fail("--threading needs a value");
+            if (v != "rtc" && v != "rx-thread") return fail("--threading: rtc or rx-thread");
+            o.threading = std::string(v);
+        } else if (a == "--cpu") {
+            if (!value(v)) return fail("--cpu needs a core list");
+            o.cpu = std::string(v);
+        } else if (a == "--json") {
+            if (!value(v)) return fail("--json needs a file name");
+            o.json = std::string(v);
+        } else if (a == "--timeout") {
+            if (!number(n) || n == 0) return fail("--timeout: seconds > 0");
+            o.timeout_s = n;
+        } else if (a == "--deadline") {
+            if (!number(n) || n == 0) return fail("--deadline: seconds > 0");
+            o.deadline_s = n;
+        } else if (a == "--verbose" || a == "-v") {
+            o.verbose = true;
+        } else if (a == "--local") {
+            o.mode = Mode::local;
+        } else if (a == "--server") {
+            o.mode = Mode::server;
+        } else if (a == "--client") {
+            if (!value(v)) return fail("--client needs the server's address");
+            o.mode = Mode::client;
+            o.peer = std::string(v);
+        } else if (a == "--addr") {
+            if (!value(v)) return fail("--addr needs an address");
+            o.addr = std::string(v);
+        } else if (a == "--netmask") {
+            if (!value(v)) return fail("--netmask needs a mask");
+            o.netmask = std::string(v);
+        } else if (a == "--port") {
+            if (!number(n) || n == 0 || n > 65535) return fail("--port: 1 .. 65535");
+            o.tcp_port = static_cast<std::uint16_t>(n);
+        } else if (a == "--backend") {
+            if (!value(v)) return fail("--backend needs a value");
+            if (v == "memif") o.backend = io::Backend::memif;
+            else if (v == "af_packet") o.backend = io::Backend::af_packet;
+            else if (v == "device") o.backend = io::Backend::device;
+            else return fail("--backend: memif, af_packet or device");
+        } else if (a == "--memif-socket") {
+            if (!value(v)) return fail("--memif-socket needs a path");
+            o.memif_socket = std::string(v);
+        } else if (a == "--iface") {
+            if (!value(v)) return fail("--iface needs an interface name");
+            o.iface = std::string(v);
+            o.backend = io::Backend::af_packet;
+        } else if (a == "--device") {
+            if (!value(v)) return fail("--device needs a PCI address or vdev string");
+            o.device = std::string(v);
+            o.backend = io::Backend::device;
+        } else {
+            usage(argv[0]);
+            return fail("unknown flag " + std::string(a));
+        }
+    }
+    if (!kind_set) p.kind = Kind::lat;
+    // Sizes: perftest's defaults (2 bytes for latency, 64 KiB for bandwidth); atomics are 8 bytes.
+    if (p.test == Test::atomic) {
+        if (size_set && p.size != 8) return fail("atomic: the size is 8 bytes (fetch-and-add of a 64-bit word)");
+        if (p.sweep != 0) return fail("atomic: no size sweep (-a): the operand is 8 bytes");
+        p.size = 8;
+    } else if (!size_set) {
+        p.size = p.kind == Kind::lat ? 2 : 65536;
+    }
+    if (p.sweep != 0 && size_set) return fail("-a and -s exclude each other");
+    p.max_size = p.sweep != 0 ? kMaxSize : p.size;
+    if (p.test == Test::write && p.kind == Kind::lat && p.max_size < 1) return fail("write latency needs >= 1 byte");
+    if (p.kind == Kind::lat) p.depth = 1;  // ping-pong: one message in flight (the -t value is for --bw)
+    if (p.cq_mod == 0) p.cq_mod = p.kind == Kind::bw ? 64 : 1;
+    p.cq_mod = std::min(p.cq_mod, p.depth);  // a signaled WR must come within every window of depth WRs
+    if (p.rx_depth == 0) p.rx_depth = std::max<std::uint32_t>(2 * p.depth, 16);
+    if (p.outs == 0) p.outs = std::min<std::uint32_t>(p.depth, 128);
+    if (o.threading != "rtc") {
+        // verbs::ContextConfig has no threading choice yet: only run-to-completion exists.
+        return fail("--threading rx-thread: this build's verbs::Context has run-to-completion only "
+                    "(no RX-thread mode in verbs::ContextConfig yet); use --threading rtc");
+    }
+    if (o.mode == Mode::client && o.peer.empty()) return fail("--client needs the server's address");
+    if (o.mode == Mode::local && o.backend != io::Backend::memif)
+        return fail("--local runs both ends over memif; use --server/--client for af_packet or a device");
+    if (o.backend == io::Backend::af_packet && o.iface.empty()) return fail("--backend af_packet needs --iface");
+    if (o.backend == io::Backend::device && o.device.empty()) return fail("--backend device needs --device");
+    return true;
+}
+
+}  // namespace softrdma::perf

@@ -1,0 +1,91 @@
+// SPDX-License-Identifier: MIT
+// rdma_perf: perftest-style latency and bandwidth tests (SEND, WRITE, READ, fetch-and-add) over softrdma
+// verbs, between two processes.
+//
+//   rdma_perf [--test send|write|read|atomic] [--lat|--bw] [-s SIZE | -a] [-n ITERS] [-t DEPTH] ...
+//
+// --local (default): forks a server (core 0) and a client (core 1) on this machine, talking over DPDK memif.
+// --server / --client PEER: one end per invocation, for runs over af_packet or a PCI device (or memif
+// between two shells). The client prints perftest's table and writes --json; the server takes the test
+// parameters from the client's MPA private data. `rdma_perf --help` lists every flag.
+#include <cstdio>
+#include <string>
+
+#include <spdlog/spdlog.h>
+
+#include "bench/perf/options.hpp"
+#include "bench/perf/session.hpp"
+#include "bench/perf/stats.hpp"
+#include "tests/support/processes.hpp"
+#include "tests/support/tcp_roles.hpp"
+
+using namespace softrdma;
+using namespace softrdma::perf;
+using namespace std::chrono_literals;
+
+namespace {
+
+test::PeerConfig remote_config(const Options& o) {
+    test::PeerConfig c;
+    const bool server = o.mode == Mode::server;
+    c.port.backend = o.backend;
+    c.port.mtu = o.mtu;
+    c.port.memif_socket = o.memif_socket;
+    c.port.memif_server = server;
+    c.port.iface = o.iface;
+    c.port.device = o.device;
+    c.eal.lcores = o.cpu;
+    if (o.no_huge) c.eal.hugepages = io::Hugepages::off;
+    c.stack.address = stack::Ipv4::parse(!o.addr.empty() ? o.addr : (server ? "198.18.0.1" : "198.18.0.2"));
+    c.stack.netmask = stack::Ipv4::parse(o.netmask);
+    if (!server) c.peer = stack::Ipv4::parse(o.peer);
+    c.tcp_port = o.tcp_port;
+    return c;
+}
+
+int run_local(const Options& o, double tpu) {
+    auto [server, client] = test::memif_pair(o.mtu);
+    server.tcp_port = client.tcp_port = o.tcp_port;
+    if (o.no_huge) server.eal.hugepages = client.eal.hugepages = io::Hugepages::off;
+    if (!o.cpu.empty()) {
+        const auto comma = o.cpu.find(',');
+        if (comma == std::string::npos) {
+            std::fprintf(stderr, "rdma_perf: --local --cpu takes two cores: SERVER,CLIENT\n");
+            return 2;
+        }
+        server.eal.lcores = o.cpu.substr(0, comma);
+        client.eal.lcores = o.cpu.substr(comma + 1);
+    }
+    const auto out = test::run_roles({{"server", [&, s = server] { return run_server(s, o, tpu); }},
+                                      {"client", [&, c = client] { return run_client(c, o, tpu); }, 200ms}},
+                                     std::chrono::seconds(o.deadline_s));
+    int rc = 0;
+    for (const auto& r : out) {
+        if (r.exit_code == 0) continue;
+        std::fprintf(stderr, "rdma_perf: %s failed (exit %d%s)%s%s\n", r.name.c_str(), r.exit_code,
+                     r.timed_out ? ", killed at --deadline" : "", r.report.empty() ? "" : ":\n",
+                     r.report.c_str());
+        rc = 1;
+    }
+    return rc;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    Options o;
+    int code = 0;
+    if (!parse(argc, argv, o, code)) return code;
+    if (!o.verbose) spdlog::set_level(spdlog::level::warn);  // the children inherit it
+    const double tpu = calibrate_tsc();
+    try {
+        switch (o.mode) {
+        case Mode::local: return run_local(o, tpu);
+        case Mode::server: return run_server(remote_config(o), o, tpu);
+        case Mode::client: return run_client(remote_config(o), o, tpu);
+        }
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "rdma_perf: %s\n", e.what());
+    }
+    return 1;
+}
