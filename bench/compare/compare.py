@@ -1,0 +1,498 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
+"""softrdma against the raw memif link and Linux kernel TCP, on this machine, in one run (scripts/compare).
+
+Measures one system at a time (this machine has two cores; each measured system uses both):
+  1. floor     bench/compare/memif_floor: io/ only, two processes bouncing / streaming raw frames over memif
+  2. kernel    bench/compare/kernel_tcp: Linux TCP between two network namespaces on a veth pair made here
+  3. softrdma  bench/rdma_perf (SEND ping-pong, READ latency, WRITE bandwidth, SEND message rate) over memif
+then prints a table and writes compare.md, compare.json, compare.png and the raw JSON of every program to
+the output directory. Every program runs under a time limit; the namespaces are removed on every exit path
+(normal end, failure, Ctrl-C, SIGTERM), and ones left by a killed earlier run are removed at start.
+
+The module is importable (tests/compare/check_compare.py uses parse_rdma_perf and the row builders).
+"""
+import argparse
+import datetime
+import json
+import math
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+NS_PREFIX = "srcmp"           # namespaces srcmpa<pid>, srcmpb<pid>; veth ends with the same names
+KERNEL_ADDR = ("198.18.77.1", "198.18.77.2")  # RFC 2544 benchmark range, only inside our namespaces
+KERNEL_PORT = 5201
+
+
+class MeasureError(Exception):
+    """A part could not be measured; the message says why (shown in the table)."""
+
+
+# ---- running programs under time limits -----------------------------------------------------------------
+
+def descendants(pid):
+    """Every process below pid (children, grandchildren...), from /proc."""
+    children = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+            ppid = int(stat[stat.rindex(")") + 2:].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        for c in children.get(p, []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def kill_tree(proc):
+    """Ends proc and everything it started (SIGTERM, then SIGKILL after 2 s)."""
+    if proc.poll() is not None:
+        return
+    pids = [proc.pid] + descendants(proc.pid)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for p in pids:
+            try:
+                os.kill(p, sig)
+            except ProcessLookupError:
+                pass
+        try:
+            proc.wait(timeout=2)
+            pids = [p for p in pids if os.path.exists(f"/proc/{p}")]
+            if not pids:
+                return
+        except subprocess.TimeoutExpired:
+            pass
+    proc.wait()
+
+
+def run(cmd, timeout, log):
+    """Runs cmd with a time limit; stdout+stderr go to log (and stdout is returned). Raises MeasureError."""
+    with open(log, "w") as out:
+        out.write("$ " + " ".join(cmd) + "\n")
+        out.flush()
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)
+        try:
+            text, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            kill_tree(proc)
+            text = proc.stdout.read() if proc.stdout else ""
+            out.write(text)
+            raise MeasureError(f"{os.path.basename(cmd[0])} took longer than {timeout} s (log: {log})")
+        except BaseException:
+            kill_tree(proc)
+            raise
+        out.write(text)
+    if proc.returncode != 0:
+        tail = " | ".join(text.strip().splitlines()[-3:])
+        raise MeasureError(f"{os.path.basename(cmd[0])} failed (exit {proc.returncode}): {tail} (log: {log})")
+    return text
+
+
+# ---- 1. floor -------------------------------------------------------------------------------------------
+
+def measure_floor(a, out):
+    """Two memif_floor runs: MTU 1500 for sizes up to 1500, MTU 9000 above (each frame size on the smallest
+    MTU that carries it, as softrdma's own runs would be)."""
+    exe = os.path.join(a.build, "bench/compare/memif_floor")
+    if not os.access(exe, os.X_OK):
+        raise MeasureError(f"{exe} is not built (ninja -C {a.build} bench/compare/memif_floor)")
+    q = a.quick
+    common = ["--iters", "2000" if q else "20000", "--warmup", "200" if q else "2000",
+              "--stream-ms", "200" if q else "1000", "--timeout", "60" if q else "150"]
+    small = ["64", "256", "1024", "1500"] if q else ["64", "128", "256", "512", "1024", "1500"]
+    merged = {"tool": "memif_floor", "lat": [], "bw": []}
+    runs = [("1500", small, ["64", "1500"] if q else ["64", "256", "1024", "1500"])]
+    if not q or a.mtu == 9000:
+        runs.append(("9000", ["4096", "9000"] if q else ["2048", "4096", "8192", "9000"], ["9000"] if q else ["4096", "9000"]))
+    for mtu, sizes, stream in runs:
+        path = os.path.join(out, "raw", f"floor-mtu{mtu}.json")
+        run([exe, "--mtu", mtu, "--sizes", ",".join(sizes), "--stream-sizes", ",".join(stream), "--json", path] + common,
+            90 if q else 240, os.path.join(out, "raw", f"floor-mtu{mtu}.log"))
+        with open(path) as f:
+            d = json.load(f)
+        for e in d["lat"] + d["bw"]:
+            e["mtu"] = int(mtu)
+        merged["lat"] += d["lat"]
+        merged["bw"] += d["bw"]
+    return merged
+
+
+# ---- 2. kernel TCP between two namespaces -------------------------------------------------------------
+
+def ip(*args, check=True):
+    r = subprocess.run(["ip", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=20)
+    if check and r.returncode != 0:
+        raise MeasureError(f"ip {' '.join(args)}: {r.stdout.strip()}")
+    return r.stdout
+
+
+def remove_stale_namespaces():
+    """Namespaces of an earlier run that was killed (SIGKILL leaves no chance to clean up)."""
+    try:
+        listing = ip("netns", "list", check=False)
+    except (OSError, subprocess.SubprocessError):
+        return
+    for line in listing.splitlines():
+        m = re.match(rf"^({NS_PREFIX}[ab](\d+))\b", line)
+        if m and not os.path.exists(f"/proc/{m.group(2)}"):
+            ip("netns", "del", m.group(1), check=False)
+
+
+class Namespaces:
+    """Two namespaces joined by a veth pair with an address each; removed by close() (always called)."""
+
+    def __init__(self, mtu):
+        tag = str(os.getpid())
+        self.a, self.b = NS_PREFIX + "a" + tag, NS_PREFIX + "b" + tag
+        self.made = []
+        try:
+            for ns in (self.a, self.b):
+                ip("netns", "add", ns)
+                self.made.append(ns)
+            ip("link", "add", self.a, "netns", self.a, "type", "veth", "peer", "name", self.b, "netns", self.b)
+            for ns, addr in ((self.a, KERNEL_ADDR[0]), (self.b, KERNEL_ADDR[1])):
+                ip("-n", ns, "link", "set", "lo", "up")
+                ip("-n", ns, "addr", "add", addr + "/24", "dev", ns)
+                ip("-n", ns, "link", "set", ns, "mtu", str(mtu), "up")
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self):
+        for ns in self.made:  # deleting a namespace deletes its veth end, and with it the pair
+            ip("netns", "del", ns, check=False)
+        self.made = []
+
+
+def measure_kernel(a, out):
+    exe = os.path.join(a.build, "bench/compare/kernel_tcp")
+    if not os.access(exe, os.X_OK):
+        raise MeasureError(f"{exe} is not built (ninja -C {a.build} bench/compare/kernel_tcp)")
+    q = a.quick
+    limit = 60 if q else 240
+    ns = Namespaces(a.mtu)
+    server = None
+    try:
+        slog = open(os.path.join(out, "raw", "kernel-server.log"), "w")
+        server = subprocess.Popen(["ip", "netns", "exec", ns.a, exe, "server", "--port", str(KERNEL_PORT),
+                                   "--cpu", "0", "--timeout", str(limit + 10)],
+                                  stdout=slog, stderr=subprocess.STDOUT, start_new_session=True)
+        path = os.path.join(out, "raw", "kernel.json")
+        sizes = "64,256,1024,1500" if q else "64,128,256,512,1024,1500,2048,4096,8192,9000,16384,65536"
+        stream = "64,65536" if q else "64,256,1024,4096,16384,65536,262144,1048576"
+        run(["ip", "netns", "exec", ns.b, exe, "client", "--host", KERNEL_ADDR[0], "--port", str(KERNEL_PORT),
+             "--cpu", "1", "--timeout", str(limit), "--sizes", sizes, "--stream-sizes", stream,
+             "--iters", "2000" if q else "20000", "--warmup", "200" if q else "2000",
+             "--stream-ms", "200" if q else "1000", "--json", path],
+            limit + 5, os.path.join(out, "raw", "kernel-client.log"))
+        subprocess.run(["ip", "netns", "exec", ns.b, exe, "quit", "--host", KERNEL_ADDR[0], "--port", str(KERNEL_PORT),
+                        "--timeout", "5"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=10)
+        try:
+            server.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        with open(path) as f:
+            d = json.load(f)
+        d["mtu"] = a.mtu
+        return d
+    finally:
+        if server is not None:
+            kill_tree(server)
+        ns.close()
+
+
+# ---- 3. softrdma via rdma_perf ---------------------------------------------------------------------------
+
+def parse_rdma_perf(path):
+    """Reads one rdma_perf --json file; returns (test, kind, {bytes: result}) after checking the fields the
+    table uses. Raises MeasureError on anything else."""
+    try:
+        with open(path) as f:
+            d = json.load(f)
+    except (OSError, ValueError) as e:
+        raise MeasureError(f"rdma_perf wrote no readable JSON in {path}: {e}")
+    if d.get("tool") != "rdma_perf" or d.get("kind") not in ("lat", "bw") or not isinstance(d.get("results"), list):
+        raise MeasureError(f"{path}: not rdma_perf's JSON (tool/kind/results)")
+    need = ("t_typical_us", "p99_us") if d["kind"] == "lat" else ("bw_avg_mib_s", "msg_rate_mpps")
+    by_size = {}
+    for r in d["results"]:
+        if not isinstance(r, dict) or not isinstance(r.get("bytes"), int) or not all(isinstance(r.get(k), (int, float)) for k in need):
+            raise MeasureError(f"{path}: a result lacks bytes or {'/'.join(need)}: {r}")
+        by_size[r["bytes"]] = r
+    if not by_size:
+        raise MeasureError(f"{path}: no results")
+    return d.get("test"), d["kind"], by_size
+
+
+def find_rdma_perf(a):
+    if a.rdma_perf:
+        return a.rdma_perf
+    exe = os.path.join(a.build, "bench/rdma_perf")
+    if os.access(exe, os.X_OK):
+        return exe
+    src = os.path.join(a.source, "bench/rdma_perf.cpp")
+    if not os.path.exists(src):
+        raise MeasureError("not measured: bench/rdma_perf does not exist yet")
+    raise MeasureError(f"not measured: {exe} is not built")
+
+
+def measure_softrdma(a, out):
+    exe = find_rdma_perf(a)
+    q = a.quick
+    n = "1000" if q else "10000"
+    sweep = [] if q else ["-a"]
+    # (name, arguments): one rdma_perf run each, one after the other.
+    plan = [
+        ("send-lat", ["--test", "send", "--lat"] + (sweep or ["-s", "64"]) + ["-n", n]),
+        ("read-lat", ["--test", "read", "--lat", "-s", "64", "-n", n]),
+        ("write-bw", ["--test", "write", "--bw"] + (sweep or ["-s", "65536"]) + ["-n", "2000" if q else "20000"]),
+        ("send-bw", ["--test", "send", "--bw", "-s", "64", "-n", "100000" if q else "1000000"]),
+    ]
+    res, errors = {}, []
+    for name, args in plan:
+        path = os.path.join(out, "raw", f"softrdma-{name}.json")
+        try:
+            run([exe] + args + ["--mtu", str(a.mtu), "--threading", a.threading, "--json", path],
+                90 if q else 600, os.path.join(out, "raw", f"softrdma-{name}.log"))
+            test, kind, by_size = parse_rdma_perf(path)
+            res[name] = {"test": test, "kind": kind, "results": by_size}
+        except MeasureError as e:
+            errors.append(f"{name}: {e}")
+    if not res:
+        raise MeasureError("; ".join(errors))
+    return {"runs": res, "errors": errors, "mtu": a.mtu, "threading": a.threading}
+
+
+# ---- the table ----------------------------------------------------------------------------------------
+
+def pick(entries, size, key, mtu=None):
+    for e in entries or []:
+        if e.get("bytes") == size and (mtu is None or e.get("mtu", mtu) == mtu) and isinstance(e.get(key), (int, float)):
+            return float(e[key])
+    return None
+
+
+def mib_s_to_gb_s(v):
+    return None if v is None else v * 1048576 / 1e9
+
+
+def soft(s, run_name, size, key):
+    if not s:
+        return None
+    r = s["runs"].get(run_name)
+    if not r or size not in r["results"]:
+        return None
+    v = r["results"][size].get(key)
+    return float(v) if isinstance(v, (int, float)) else None
+
+
+def build_rows(floor, kernel, softrdma, mtu):
+    """The table rows: (key, label, unit, better, floor, kernel, softrdma). better: 'lower' or 'higher'."""
+    fl_lat = floor["lat"] if floor else None
+    fl_bw = floor["bw"] if floor else None
+    k_lat = kernel["lat"] if kernel else None
+    k_bw = kernel["bw"] if kernel else None
+    frame = 1500 if mtu == 1500 else 9000
+    return [
+        ("half_rtt_64", "64 B half round trip, median (SEND ping-pong)", "us", "lower",
+         pick(fl_lat, 64, "half_rtt_median_us"), pick(k_lat, 64, "half_rtt_median_us"),
+         soft(softrdma, "send-lat", 64, "t_typical_us")),
+        ("half_rtt_64_p99", "64 B half round trip, p99", "us", "lower",
+         pick(fl_lat, 64, "half_rtt_p99_us"), pick(k_lat, 64, "half_rtt_p99_us"),
+         soft(softrdma, "send-lat", 64, "p99_us")),
+        ("read_lat_64", "64 B READ latency, median (full round trip)", "us", "lower",
+         pick(fl_lat, 64, "rtt_median_us"), pick(k_lat, 64, "rtt_median_us"),
+         soft(softrdma, "read-lat", 64, "t_typical_us")),
+        ("bw_64k", f"64 KiB bandwidth (WRITE; floor: {frame} B frames)", "GB/s", "higher",
+         pick(fl_bw, frame, "gb_s"), pick(k_bw, 65536, "gb_s"),
+         mib_s_to_gb_s(soft(softrdma, "write-bw", 65536, "bw_avg_mib_s"))),
+        ("msg_rate_64", "64 B message rate (SEND; floor: 64 B frames)", "M msg/s", "higher",
+         pick(fl_bw, 64, "mpps"), pick(k_bw, 64, "mmsg_s"),
+         soft(softrdma, "send-bw", 64, "msg_rate_mpps")),
+    ]
+
+
+def ratio(num, den):
+    return num / den if num is not None and den not in (None, 0) else None
+
+
+def versus(s, k, better):
+    """softrdma against kernel TCP in words: '3.1x better' / '1.2x worse'."""
+    if s is None or k is None or s <= 0 or k <= 0:
+        return "-"
+    f = k / s if better == "lower" else s / k
+    return f"{f:.2f}x better" if f >= 1 else f"{1 / f:.2f}x worse"
+
+
+def fmt(v):
+    if v is None:
+        return "-"
+    return f"{v:.3g}" if abs(v) < 100 else f"{v:.0f}"
+
+
+def render(rows, status, meta):
+    head = ["", "unit", "raw memif floor", "kernel TCP (veth)", "softrdma", "softrdma / floor", "softrdma vs kernel TCP"]
+    body = []
+    for _key, label, unit, better, f, k, s in rows:
+        r = ratio(s, f)
+        body.append([label, unit, fmt(f), fmt(k), fmt(s), f"{r:.2f}" if r is not None else "-", versus(s, k, better)])
+    widths = [max(len(str(x[i])) for x in [head] + body) for i in range(len(head))]
+    text = "\n".join("  ".join(str(c).ljust(w) for c, w in zip(line, widths)) for line in [head] + body)
+    md = ["| " + " | ".join(head) + " |", "|" + "|".join(" --- " for _ in head) + "|"]
+    md += ["| " + " | ".join(line) + " |" for line in body]
+    notes = [f"- {name}: {msg}" for name, msg in status.items() if msg != "ok"]
+    notes.append(f"- {meta['when']}, {meta['host']}, {meta['cpus']} CPUs, load average at start {meta['load_start']:.2f}"
+                 f" (end {meta['load_end']:.2f}); {'--quick (short runs)' if meta['quick'] else 'full run'}, MTU {meta['mtu']}")
+    if meta["load_start"] > 1.0 or meta["load_end"] > 1.0:
+        notes.append("- other work was running on this 2-core machine during the run: figures are noisy")
+    notes.append("- medians from this run; latency lower is better, bandwidth and message rate higher is better; "
+                 "the floor is io/ alone (no stack), kernel TCP is blocking sockets with TCP_NODELAY between two "
+                 "namespaces on a veth pair, softrdma busy-polls (rdma_perf)")
+    return text, "\n".join(md), notes
+
+
+# ---- the plot -------------------------------------------------------------------------------------------
+
+def series(floor, kernel, softrdma):
+    """Per system: latency points (bytes, half-RTT median us) and bandwidth points (bytes, GB/s)."""
+    out = {}
+    if floor:
+        out["raw memif floor"] = (sorted((e["bytes"], e["half_rtt_median_us"]) for e in floor["lat"]),
+                                  sorted((e["bytes"], e["gb_s"]) for e in floor["bw"]))
+    if kernel:
+        out["kernel TCP"] = (sorted((e["bytes"], e["half_rtt_median_us"]) for e in kernel["lat"]),
+                             sorted((e["bytes"], e["gb_s"]) for e in kernel["bw"]))
+    if softrdma:
+        runs = softrdma["runs"]
+        lat = sorted((b, r["t_typical_us"]) for b, r in runs.get("send-lat", {}).get("results", {}).items())
+        bw = sorted((b, mib_s_to_gb_s(r["bw_avg_mib_s"])) for b, r in runs.get("write-bw", {}).get("results", {}).items())
+        out["softrdma"] = (lat, bw)
+    return out
+
+
+def plot(data, out, title):
+    """compare.png: latency vs size and bandwidth vs size, one line per system. Returns a problem or None."""
+    gp = shutil.which("gnuplot")
+    if gp is None:
+        return "gnuplot not found (scripts/setup installs gnuplot-nox): no plot"
+    cmds = [f"set terminal pngcairo size 1400,560 font ',10'", f"set output '{os.path.join(out, 'compare.png')}'",
+            "set multiplot layout 1,2 title " + json.dumps(title), "set logscale x 2", "set grid",
+            "set key top left", "set xlabel 'message / frame payload bytes'"]
+    for panel, ylabel, log in ((0, "half round trip, median (us)", True), (1, "bandwidth (GB/s, 10^9 B/s)", False)):
+        plots = []
+        for name, pts in data.items():
+            p = [(b, v) for b, v in pts[panel] if v is not None and v > 0]
+            if not p:
+                continue
+            fname = os.path.join(out, "raw", f"plot-{panel}-{re.sub(r'[^a-z]+', '_', name)}.dat")
+            with open(fname, "w") as f:
+                f.writelines(f"{b} {v}\n" for b, v in p)
+            plots.append(f"'{fname}' using 1:2 with linespoints title {json.dumps(name)}")
+        cmds.append("set ylabel " + json.dumps(ylabel))
+        cmds.append("set logscale y 10" if log else "unset logscale y")
+        cmds.append("set title " + json.dumps("latency vs size" if panel == 0 else "bandwidth vs size (one way)"))
+        cmds.append("plot " + ", ".join(plots) if plots else "plot NaN title 'no data'")
+    cmds.append("unset multiplot")
+    r = subprocess.run([gp], input="\n".join(cmds) + "\n", text=True, stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, timeout=30)
+    if r.returncode != 0:
+        return "gnuplot failed: " + r.stdout.strip()[-300:]
+    return None
+
+
+# ---- main -----------------------------------------------------------------------------------------------
+
+def on_signal(signum, _frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def main(argv=None):
+    top = os.path.realpath(os.path.join(os.path.dirname(__file__), "..", ".."))
+    p = argparse.ArgumentParser(prog="scripts/compare", description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="short runs, a few sizes (smoke test, ~1 minute)")
+    p.add_argument("--out", help="output directory (default results/compare-<date>-<time>/)")
+    p.add_argument("--build", default=os.environ.get("SOFTRDMA_BUILD", "build"), help="meson build directory")
+    p.add_argument("--source", default=top, help=argparse.SUPPRESS)
+    p.add_argument("--skip", action="append", default=[], choices=["floor", "kernel", "softrdma"],
+                   help="leave a system out (repeatable)")
+    p.add_argument("--mtu", type=int, default=1500, choices=[1500, 9000], help="MTU of the veth pair and of rdma_perf")
+    p.add_argument("--threading", default="rtc", choices=["rtc", "rx-thread"], help="rdma_perf --threading")
+    p.add_argument("--rdma-perf", help="rdma_perf executable (default BUILD/bench/rdma_perf)")
+    a = p.parse_args(argv)
+    a.build = os.path.realpath(os.path.join(top, a.build) if not os.path.isabs(a.build) else a.build)
+    if "kernel" not in a.skip and os.geteuid() != 0:
+        print("scripts/compare: the kernel TCP part creates network namespaces, which needs root: run as root "
+              "(sudo scripts/compare) or leave it out with --skip kernel", file=sys.stderr)
+        return 2
+    if "kernel" not in a.skip and shutil.which("ip") is None:
+        print("scripts/compare: the kernel TCP part needs iproute2's ip (scripts/setup installs it)", file=sys.stderr)
+        return 2
+    now = datetime.datetime.now(datetime.timezone.utc)
+    out = os.path.realpath(a.out or os.path.join(top, "results", "compare-" + now.strftime("%Y%m%d-%H%M%S")))
+    os.makedirs(os.path.join(out, "raw"), exist_ok=True)
+    for s in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(s, on_signal)
+
+    meta = {"when": now.strftime("%Y-%m-%d %H:%M UTC"), "host": os.uname().nodename, "cpus": os.cpu_count(),
+            "load_start": os.getloadavg()[0], "quick": a.quick, "mtu": a.mtu, "threading": a.threading}
+    results, status = {"floor": None, "kernel": None, "softrdma": None}, {}
+    parts = [("floor", measure_floor), ("kernel", measure_kernel), ("softrdma", measure_softrdma)]
+    try:
+        remove_stale_namespaces() if "kernel" not in a.skip else None
+        for name, fn in parts:  # one system at a time: each one uses both cores
+            if name in a.skip:
+                status[name] = "skipped (--skip)"
+                continue
+            print(f"compare: measuring {name} ...", file=sys.stderr, flush=True)
+            t0 = time.monotonic()
+            try:
+                results[name] = fn(a, out)
+                status[name] = "ok"
+                if name == "softrdma" and results[name]["errors"]:
+                    status[name] = "partly measured: " + "; ".join(results[name]["errors"])
+            except MeasureError as e:
+                status[name] = str(e)
+            print(f"compare: {name}: {status[name]} ({time.monotonic() - t0:.1f} s)", file=sys.stderr, flush=True)
+    except KeyboardInterrupt as e:
+        print(f"compare: interrupted ({e or 'Ctrl-C'}); namespaces and processes removed", file=sys.stderr)
+        return 130
+    meta["load_end"] = os.getloadavg()[0]
+
+    rows = build_rows(results["floor"], results["kernel"], results["softrdma"], a.mtu)
+    text, md, notes = render(rows, status, meta)
+    title = f"softrdma vs raw memif floor vs kernel TCP ({meta['when']}{', quick' if a.quick else ''})"
+    problem = plot(series(results["floor"], results["kernel"], results["softrdma"]), out, title)
+    if problem:
+        notes.append("- plot: " + problem)
+    print(text)
+    print("\n".join(notes))
+    with open(os.path.join(out, "compare.md"), "w") as f:
+        f.write(f"# {title}\n\n{md}\n\n" + "\n".join(notes) + "\n" + ("" if problem else "\n![plot](compare.png)\n"))
+    doc = {"meta": meta, "status": status,
+           "rows": [{"key": key, "label": l, "unit": u, "better": b, "floor": fl, "kernel_tcp": k, "softrdma": s,
+                     "softrdma_over_floor": ratio(s, fl), "softrdma_over_kernel_tcp": ratio(s, k)}
+                    for key, l, u, b, fl, k, s in rows],
+           "raw": results}
+    with open(os.path.join(out, "compare.json"), "w") as f:
+        json.dump(doc, f, indent=1, default=str)
+    print(f"compare: wrote {out}/compare.md, compare.json" + ("" if problem else ", compare.png"), file=sys.stderr)
+    failed = [n for n, s in status.items() if s != "ok" and not s.startswith(("skipped", "not measured", "partly"))]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

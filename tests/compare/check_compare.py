@@ -1,0 +1,158 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
+"""The 'compare' suite: scripts/compare's parsing and table on hand-made rdma_perf JSON (the sample_*.json
+files here are test inputs, not results), then a real `scripts/compare --quick` run whose JSON must hold
+sane figures, then an interrupted run that must leave no network namespace behind.
+
+    check_compare.py SOURCE_DIR BUILD_DIR
+
+Exit 0 = pass, 1 = fail, 77 = skipped (not root: the kernel TCP part needs network namespaces).
+"""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+src, build = sys.argv[1], sys.argv[2]
+here = os.path.join(src, "tests", "compare")
+sys.path.insert(0, os.path.join(src, "bench", "compare"))
+import compare  # noqa: E402  (bench/compare/compare.py)
+
+failures = []
+
+
+def check(cond, what):
+    print(("ok    " if cond else "FAIL  ") + what)
+    if not cond:
+        failures.append(what)
+
+
+# ---- 1. rdma_perf JSON parsing and the table, on sample files -----------------------------------------
+test, kind, lat = compare.parse_rdma_perf(os.path.join(here, "sample_rdma_perf_lat.json"))
+check((test, kind, sorted(lat)) == ("send", "lat", [64, 4096]), "sample lat file: test, kind and sizes read")
+check(lat[64]["t_typical_us"] == 5.25 and lat[64]["p99_us"] == 9.5, "sample lat file: typical and p99 read")
+test, kind, bw = compare.parse_rdma_perf(os.path.join(here, "sample_rdma_perf_bw.json"))
+check((test, kind, sorted(bw)) == ("write", "bw", [4096, 65536]), "sample bw file: test, kind and sizes read")
+
+bad = os.path.join(build, "compare-test-bad.json")
+for text in ('{"tool":"other","kind":"lat","results":[]}', '{"tool":"rdma_perf","kind":"lat","results":[{"bytes":64}]}',
+             "not json"):
+    with open(bad, "w") as f:
+        f.write(text)
+    try:
+        compare.parse_rdma_perf(bad)
+        check(False, f"bad rdma_perf JSON rejected: {text}")
+    except compare.MeasureError:
+        check(True, f"bad rdma_perf JSON rejected: {text[:40]}")
+os.remove(bad)
+
+soft = {"runs": {"send-lat": {"results": lat}, "write-bw": {"results": bw},
+                 "read-lat": {"results": {64: dict(lat[64], t_typical_us=11.0)}},
+                 "send-bw": {"results": {64: {"bytes": 64, "bw_avg_mib_s": 50.0, "msg_rate_mpps": 0.5,
+                                              "bw_peak_mib_s": 60.0}}}}}
+floor = {"lat": [{"bytes": 64, "half_rtt_median_us": 1.05, "half_rtt_p99_us": 2.0, "rtt_median_us": 2.1, "mtu": 1500}],
+         "bw": [{"bytes": 1500, "gb_s": 1.6, "mpps": 1.0, "mtu": 1500}, {"bytes": 64, "gb_s": 0.3, "mpps": 5.0, "mtu": 1500}]}
+kernel = {"lat": [{"bytes": 64, "half_rtt_median_us": 21.0, "half_rtt_p99_us": 40.0, "rtt_median_us": 42.0}],
+          "bw": [{"bytes": 65536, "gb_s": 0.4, "mmsg_s": 0.006}, {"bytes": 64, "gb_s": 0.016, "mmsg_s": 0.25}]}
+rows = compare.build_rows(floor, kernel, soft, 1500)
+by = {r[0]: r[1:] for r in rows}
+r = by["half_rtt_64"]
+check(r[3:] == (1.05, 21.0, 5.25), "64 B half-RTT row takes floor/kernel medians and rdma_perf t_typical")
+check(abs(compare.ratio(r[5], r[3]) - 5.0) < 1e-9 and compare.versus(r[5], r[4], r[2]) == "4.00x better",
+      "latency ratios: softrdma/floor 5.00, 4.00x better than kernel TCP")
+check(by["half_rtt_64_p99"][3:] == (2.0, 40.0, 9.5), "p99 row takes the p99 figures")
+r = by["bw_64k"]
+check(abs(r[5] - 0.8) < 1e-9 and r[3] == 1.6 and compare.versus(r[5], r[4], r[2]) == "2.00x better",
+      "64 KiB bandwidth row: MiB/s -> GB/s (762.94 MiB/s = 0.8 GB/s), floor at 1500 B frames, 2.00x better")
+r = by["read_lat_64"]
+check(r[3:] == (2.1, 42.0, 11.0), "READ row compares full round trips")
+r = by["msg_rate_64"]
+check(r[3:] == (5.0, 0.25, 0.5), "message-rate row: floor Mpps, kernel M msg/s, rdma_perf msg_rate_mpps")
+check(compare.versus(2.0, 1.0, "lower") == "2.00x worse" and compare.versus(None, 1.0, "lower") == "-",
+      "versus() words 'worse' and missing values")
+
+# ---- 2. the real thing, quick --------------------------------------------------------------------------
+if os.geteuid() != 0:
+    print("SKIP: the kernel TCP part needs root (network namespaces); run the suite as root")
+    sys.exit(1 if failures else 77)
+
+out = os.path.join(build, "compare-test-out")
+shutil.rmtree(out, ignore_errors=True)
+t0 = time.monotonic()
+p = subprocess.run([os.path.join(src, "scripts", "compare"), "--quick", "--no-build", "--build", build, "--out", out],
+                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=170)
+print(p.stdout)
+check(p.returncode == 0, f"scripts/compare --quick exits 0 (took {time.monotonic() - t0:.1f} s)")
+try:
+    with open(os.path.join(out, "compare.json")) as f:
+        doc = json.load(f)
+except (OSError, ValueError) as e:
+    check(False, f"compare.json readable: {e}")
+    sys.exit(1)
+st = doc["status"]
+check(st.get("floor") == "ok" and st.get("kernel") == "ok", f"floor and kernel TCP measured: {st}")
+have_rdma_perf = os.access(os.path.join(build, "bench", "rdma_perf"), os.X_OK)
+if have_rdma_perf:
+    check(st.get("softrdma") == "ok", f"softrdma measured with {build}/bench/rdma_perf: {st.get('softrdma')}")
+else:
+    check(st.get("softrdma", "").startswith("not measured"), "without rdma_perf the softrdma column says so")
+    check("not measured" in p.stdout, "the printed table notes say softrdma was not measured")
+rows = {r["key"]: r for r in doc["rows"]}
+for label, r in rows.items():
+    for col in ("floor", "kernel_tcp") + (("softrdma",) if st.get("softrdma") == "ok" else ()):
+        v = r[col]
+        check(isinstance(v, (int, float)) and v > 0 and v < 1e6, f"{label}: {col} = {v} is a positive figure")
+lat, rd = rows["half_rtt_64"], rows["read_lat_64"]
+check(lat["floor"] < lat["kernel_tcp"], f"floor 64 B half-RTT {lat['floor']} us < kernel TCP {lat['kernel_tcp']} us")
+check(rd["floor"] < rd["kernel_tcp"], f"floor 64 B round trip {rd['floor']} us < kernel TCP {rd['kernel_tcp']} us")
+check(lat["floor"] < 100, f"floor 64 B half-RTT {lat['floor']} us below 100 us (memif, no stack)")
+if st.get("softrdma") == "ok":
+    check(lat["softrdma"] > lat["floor"], f"softrdma half-RTT {lat['softrdma']} us above the floor {lat['floor']} us")
+    check(rd["softrdma"] > rd["floor"], f"softrdma READ {rd['softrdma']} us above the floor round trip {rd['floor']} us")
+    bwr = rows["bw_64k"]
+    check(bwr["softrdma"] < 1.25 * bwr["floor"], f"softrdma 64 KiB {bwr['softrdma']} GB/s not above the link floor {bwr['floor']} GB/s (+25 % noise)")
+    check(abs(bwr["softrdma_over_floor"] - bwr["softrdma"] / bwr["floor"]) < 1e-9, "ratio column = softrdma / floor")
+with open(os.path.join(out, "compare.png"), "rb") as f:
+    check(f.read(8) == b"\x89PNG\r\n\x1a\n", "compare.png is a PNG")
+with open(os.path.join(out, "compare.md")) as f:
+    md = f.read()
+check("| raw memif floor | kernel TCP (veth) | softrdma |" in md and "64 B half round trip" in md, "compare.md has the table")
+
+
+def our_namespaces(pid):
+    r = subprocess.run(["ip", "netns", "list"], stdout=subprocess.PIPE, text=True, timeout=10)
+    return [line.split()[0] for line in r.stdout.splitlines() if line.startswith(compare.NS_PREFIX) and line.split()[0].endswith(str(pid))]
+
+
+# ---- 3. an interrupted run leaves nothing behind ------------------------------------------------------
+out2 = out + "-interrupted"
+py = "/usr/bin/python3" if os.access("/usr/bin/python3", os.X_OK) else "python3"
+proc = subprocess.Popen([py, os.path.join(src, "bench", "compare", "compare.py"), "--quick", "--build", build,
+                         "--out", out2, "--skip", "floor", "--skip", "softrdma"],
+                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+seen = False
+deadline = time.monotonic() + 20
+while time.monotonic() < deadline and proc.poll() is None:  # wait for its namespaces, then interrupt
+    if our_namespaces(proc.pid):
+        seen = True
+        time.sleep(0.3)  # inside the measurement
+        proc.send_signal(signal.SIGINT)
+        break
+    time.sleep(0.02)
+try:
+    text, _ = proc.communicate(timeout=30)
+except subprocess.TimeoutExpired:
+    proc.kill()
+    text, _ = proc.communicate()
+check(seen, "the interrupted run had created its namespaces")
+check(proc.returncode == 130, f"an interrupted run exits 130 (got {proc.returncode})")
+check(not our_namespaces(proc.pid), "an interrupted run removes its namespaces")
+left = subprocess.run(["pgrep", "-f", f"kernel_tcp.*--port {compare.KERNEL_PORT}"], stdout=subprocess.PIPE, text=True)
+check(left.stdout.strip() == "", "no kernel_tcp process left behind")
+shutil.rmtree(out2, ignore_errors=True)
+
+print(f"{len(failures)} failure(s)" if failures else "all checks passed")
+sys.exit(1 if failures else 0)
