@@ -263,6 +263,7 @@ inline int run_local(NetOptions net, const std::function<int(const NetOptions&)>
             return 1;
         }
         if (pid == 0) {
+            std::setvbuf(stdout, nullptr, _IOLBF, 0);  // lines of both ends appear in the order written
             int rc = 1;
             try {
                 rc = (k == 0 ? server : client)(mine);
