@@ -112,7 +112,8 @@ def measure_floor(a, out):
         raise MeasureError(f"{exe} is not built (ninja -C {a.build} bench/compare/memif_floor)")
     q = a.quick
     common = ["--iters", "2000" if q else "20000", "--warmup", "200" if q else "2000",
-              "--stream-ms", "200" if q else "1000", "--timeout", "60" if q else "150"]
+              "--stream-ms", "100" if q else "400", "--stream-reps", "3" if q else "5",
+              "--timeout", "60" if q else "150"]
     small = ["64", "256", "1024", "1500"] if q else ["64", "128", "256", "512", "1024", "1500"]
     merged = {"tool": "memif_floor", "lat": [], "bw": []}
     runs = [("1500", small, ["64", "1500"] if q else ["64", "256", "1024", "1500"])]
@@ -197,7 +198,7 @@ def measure_kernel(a, out):
         run(["ip", "netns", "exec", ns.b, exe, "client", "--host", KERNEL_ADDR[0], "--port", str(KERNEL_PORT),
              "--cpu", "1", "--timeout", str(limit), "--sizes", sizes, "--stream-sizes", stream,
              "--iters", "2000" if q else "20000", "--warmup", "200" if q else "2000",
-             "--stream-ms", "200" if q else "1000", "--json", path],
+             "--stream-ms", "100" if q else "400", "--stream-reps", "3" if q else "5", "--json", path],
             limit + 5, os.path.join(out, "raw", "kernel-client.log"))
         subprocess.run(["ip", "netns", "exec", ns.b, exe, "quit", "--host", KERNEL_ADDR[0], "--port", str(KERNEL_PORT),
                         "--timeout", "5"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=10)
