@@ -491,6 +491,7 @@ ProtoStatus Endpoint::rx_payload(std::span<const std::byte> bytes, Copy&& copy) 
                 copy);
         }
         if (e) return fail_rx(*e);
+        placed_bytes_ += bytes.size();
         break;
     }
     }

@@ -110,6 +110,8 @@ public:
     const std::optional<TermCode>& error() const { return error_; }
     std::uint32_t orq_outstanding() const { return static_cast<std::uint32_t>(orq_.size()); }
     std::uint32_t irq_outstanding() const { return static_cast<std::uint32_t>(irq_.size()); }
+    // DDP payload bytes placed into upper-layer memory so far (tagged and untagged), for copy accounting.
+    std::uint64_t placed_bytes() const { return placed_bytes_; }
 
 private:
     friend struct RxHandlers;
@@ -218,6 +220,7 @@ private:
     std::uint8_t send_op_{0};    // opcode of the QN 0 message in progress
     std::uint32_t rx_inv_stag_{0};
     RxSeg rx_{};
+    std::uint64_t placed_bytes_{0};
     // Received TERMINATE's attached bytes: DDP Segment Length + the largest header a TERMINATE can carry
     // (RFC 5040 section 4.8); anything beyond is dropped (reporting only).
     std::array<std::byte, 2 + kMaxHeaderLen> term_rx_{};

@@ -21,9 +21,13 @@ namespace {
 // An RX frame segment handed to lwIP without a copy: a custom pbuf whose free hook returns the mbuf
 // segment to DPDK's pool. Ownership: from input() on, lwIP owns the pbuf and so the mbuf segment; whoever
 // frees the last reference to the pbuf (lwIP itself, or the TCP receive handler) returns the mbuf.
+// A frame from input_external() uses the same wrapper with `seg` null and its release hook instead.
 struct RxPbuf {
     pbuf_custom pc;  // first member: lwIP hands back the pbuf*, which is this object
     rte_mbuf* seg;
+    Stack::ReleaseFn release;
+    void* ctx;
+    std::uint32_t cookie;
 };
 // Sizing rule: one wrapper per mbuf segment lwIP may hold; >= the largest mbuf pool a port creates by
 // default (8191), so the mbuf pool, not this one, is what runs dry under pressure.
@@ -32,7 +36,8 @@ LWIP_MEMPOOL_DECLARE(SR_RX_PBUF, kRxPbufs, sizeof(RxPbuf), "RX mbuf pbufs")
 
 void rx_pbuf_free(pbuf* p) {
     auto* r = reinterpret_cast<RxPbuf*>(p);
-    rte_pktmbuf_free_seg(r->seg);
+    if (r->seg != nullptr) rte_pktmbuf_free_seg(r->seg);
+    else r->release(r->ctx, r->cookie);
     LWIP_MEMPOOL_FREE(SR_RX_PBUF, r);
 }
 
@@ -190,6 +195,7 @@ void Stack::input(rte_mbuf* m) noexcept {
             return;
         }
         r->seg = seg;
+        r->release = nullptr;
         r->pc.custom_free_function = rx_pbuf_free;
         pbuf* p = pbuf_alloced_custom(PBUF_RAW, seg->data_len, PBUF_REF, &r->pc, rte_pktmbuf_mtod(seg, void*),
                                       seg->data_len);
@@ -204,13 +210,34 @@ void Stack::input(rte_mbuf* m) noexcept {
     }
 }
 
+void Stack::input_external(std::byte* data, std::uint32_t len, ReleaseFn release, void* ctx,
+                           std::uint32_t cookie) noexcept {
+    auto* r = static_cast<RxPbuf*>(LWIP_MEMPOOL_ALLOC(SR_RX_PBUF));
+    if (r == nullptr) {
+        ++counters_.rx_dropped;
+        release(ctx, cookie);
+        return;
+    }
+    r->seg = nullptr;
+    r->release = release;
+    r->ctx = ctx;
+    r->cookie = cookie;
+    r->pc.custom_free_function = rx_pbuf_free;
+    pbuf* p = pbuf_alloced_custom(PBUF_RAW, static_cast<u16_t>(len), PBUF_REF, &r->pc, data, static_cast<u16_t>(len));
+    ++counters_.rx_frames;
+    if (netif_->input(p, netif_.get()) != ERR_OK) {  // lwIP owns p from here unless it refuses it
+        ++counters_.rx_dropped;
+        pbuf_free(p);
+    }
+}
+
 unsigned Stack::poll() noexcept {
     assert_owner();
     // Drain up to 4 bursts per turn: the peer's ring empties faster than one burst per turn of ours.
     constexpr unsigned kBurst = 32;
     rte_mbuf* burst[kBurst];
     unsigned n = 0;
-    for (unsigned b = 0; b < 4; ++b) {
+    for (unsigned b = 0; b < 4 && !cfg_.rx_external; ++b) {
         const unsigned got = port_.rx_burst(std::span(burst, kBurst));
         for (unsigned i = 0; i < got; ++i) input(burst[i]);
         n += got;

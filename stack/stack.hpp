@@ -40,6 +40,9 @@ struct StackConfig {
     // (sched_yield) on each further idle turn; 0 = spin only. Yielding lets two busy processes share a
     // small machine; spinning gives the lowest latency when each has its own core.
     unsigned idle_turns_before_yield = 256;
+    // true: poll() does not read the port; frames arrive through input_external() (the RX thread's copies),
+    // and TCP/IP checksums are still checked by lwIP.
+    bool rx_external = false;
 };
 
 // lwIP pool and heap usage, for leak checks: every test ends by comparing against its start.
@@ -75,6 +78,13 @@ public:
     // Polls until `done()` is true or `timeout` passes; returns done(). Idle policy: spin, then yield the
     // core after a run of idle turns (two busy processes share 2 cores on small machines).
     bool run_until(const std::function<bool()>& done, std::chrono::milliseconds timeout);
+
+    // A received frame that is not an mbuf (StackConfig::rx_external): `data[0..len)` is handed to lwIP without
+    // a copy. Ownership: the bytes stay valid until `release(ctx, cookie)` is called, which happens on this
+    // thread when lwIP frees the frame (at once on a drop). Owner thread only.
+    using ReleaseFn = void (*)(void* ctx, std::uint32_t cookie) noexcept;
+    void input_external(std::byte* data, std::uint32_t len, ReleaseFn release, void* ctx,
+                        std::uint32_t cookie) noexcept;
 
     // Sends the frames lwIP produced so far (poll() does this at its end).
     void flush_tx() noexcept;

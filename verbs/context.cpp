@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "stack/tcp.hpp"
+#include "threading/rx_thread.hpp"
 #include "verbs/verbs.hpp"
 
 namespace softrdma::verbs {
@@ -173,8 +174,15 @@ std::unique_ptr<Context> Context::open(const ContextConfig& cfg) { return std::u
 
 Context::Context(const ContextConfig& cfg) : cfg_(cfg) {
     if (cfg.max_mr == 0 || cfg.max_mr >= (1u << 24)) throw Error("ContextConfig::max_mr must be 1 .. 2^24-1");
+    const bool rx_thread = cfg.threading.mode == threading::Mode::rx_thread;
+    if (rx_thread && !cfg.port.capture_path.empty())
+        throw Error("ContextConfig: a capture file needs run-to-completion mode (RX and TX would share the writer)");
     port_ = io::open_port(cfg.port, cfg.eal);
-    stack_ = std::make_unique<stack::Stack>(*port_, cfg.stack);
+    if (cfg.threading.app_core >= 0) threading::pin_this_thread(cfg.threading.app_core);
+    stack::StackConfig scfg = cfg.stack;
+    scfg.rx_external = rx_thread;
+    stack_ = std::make_unique<stack::Stack>(*port_, scfg);
+    if (rx_thread) rx_ = std::make_unique<threading::RxThread>(*port_, cfg.threading);
     mrs_.resize(cfg.max_mr);
     mr_free_.reserve(cfg.max_mr);
     for (std::uint32_t i = cfg.max_mr; i-- > 0;) mr_free_.push_back(i);
@@ -186,6 +194,7 @@ Context::Context(const ContextConfig& cfg) : cfg_(cfg) {
 }
 
 Context::~Context() {
+    if (rx_) rx_->stop();  // first: nothing polls the port while the rest goes
     events_.clear();  // connect requests nobody took: their ids abort their connections here
     orphans_.clear();
     ::close(cm_efd_);
@@ -206,8 +215,26 @@ void Context::schedule_tx(QueuePair* qp) noexcept {
     tx_list_.push_back(qp);  // capacity reserved at open (see the constructor)
 }
 
+namespace {
+void release_rx_slot(void* rx, std::uint32_t slot) noexcept { static_cast<threading::RxThread*>(rx)->release(slot); }
+}  // namespace
+
+RxCopyStats Context::rx_copy_stats() const noexcept {
+    RxCopyStats s{.payload_bytes = placed_bytes_, .copied_bytes = placed_bytes_};
+    if (rx_) s.copied_bytes += rx_->counters().tcp_payload_copied;
+    return s;
+}
+
 unsigned Context::poll() noexcept {
-    const unsigned frames = stack_->poll();  // RX: lwIP callbacks -> CmId -> QueuePair::rx_bytes
+    unsigned frames = 0;
+    if (rx_) {
+        // Frames the RX thread copied: each slot goes to lwIP without a copy and comes back to the RX thread
+        // through release_rx_slot when lwIP frees it. Sizing: 256 per turn bounds the turn's length.
+        frames = rx_->drain(256, [this](const threading::RxThread::Frame& f) {
+            stack_->input_external(f.data, f.len, &release_rx_slot, rx_.get(), f.slot);
+        });
+    }
+    frames += stack_->poll();  // RX (run to completion): lwIP callbacks -> CmId -> QueuePair::rx_bytes
     // TX: every QP with work, once. A QP that stays blocked schedules itself again.
     const std::size_t n = tx_list_.size();
     for (std::size_t i = 0; i < n; ++i) {

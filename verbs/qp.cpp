@@ -441,7 +441,9 @@ void QueuePair::rx_bytes(std::span<const std::byte> bytes) noexcept {
         tx_gate_ = false;  // the initiator's first FPDU (or RTR) is arriving: the responder may send
         schedule_tx();
     }
+    const std::uint64_t placed = ep_->placed_bytes();
     rdmap::receive(*deframer_, *ep_, bytes);
+    ctx_.placed_bytes_ += ep_->placed_bytes() - placed;
     if (ep_->tx_ready()) schedule_tx();  // READ/atomic responses, TERMINATE
 }
 

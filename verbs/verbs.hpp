@@ -43,7 +43,11 @@
 #include "rdmap/endpoint.hpp"
 #include "rdmap/stream.hpp"
 #include "stack/stack.hpp"
+#include "threading/config.hpp"
 
+namespace softrdma::threading {
+class RxThread;
+}
 namespace softrdma::stack {
 class TcpConnection;
 class TcpListener;
@@ -584,6 +588,20 @@ struct ContextConfig {
     stack::StackConfig stack{};
     std::uint32_t max_mr{4096};   // MR table entries (allocated at open)
     std::uint32_t max_qp{1024};   // QPs (TX work list allocated at open)
+    // Run to completion (default: everything inside poll() on the application thread) or a dedicated RX
+    // thread; core pinning and the RX thread's idle policy. See threading/config.hpp.
+    threading::ThreadingConfig threading{};
+};
+
+// Copies on the receive path, for the "one copy per payload byte" check. `payload_bytes`: DDP payload bytes
+// placed into registered memory or posted receives. `copied_bytes`: bytes of received TCP payload moved by
+// any copy on the way (the RX thread's frame copy, counted over TCP payload, and the placement copy).
+struct RxCopyStats {
+    std::uint64_t payload_bytes = 0;
+    std::uint64_t copied_bytes = 0;
+    double copies_per_payload_byte() const noexcept {
+        return payload_bytes == 0 ? 0.0 : static_cast<double>(copied_bytes) / static_cast<double>(payload_bytes);
+    }
 };
 
 class Context {
@@ -618,6 +636,8 @@ public:
 
     stack::Stack& stack() noexcept { return *stack_; }
     io::Port& port() noexcept { return *port_; }
+    threading::Mode threading_mode() const noexcept { return cfg_.threading.mode; }
+    RxCopyStats rx_copy_stats() const noexcept;
 
 private:
     friend class ProtectionDomain;
@@ -649,7 +669,11 @@ private:
 
     ContextConfig cfg_;
     std::unique_ptr<io::Port> port_;
+    // Declared between the port and the stack: the RX thread stops before the stack goes (the destructor
+    // stops it first), and its slots outlive the stack, whose pbufs may still reference them.
+    std::unique_ptr<threading::RxThread> rx_;
     std::unique_ptr<stack::Stack> stack_;
+    std::uint64_t placed_bytes_{0};      // RxCopyStats::payload_bytes (application thread)
     std::vector<MrEntry> mrs_;           // sized max_mr at open
     std::vector<std::uint32_t> mr_free_;
     std::uint8_t next_key_{0x5a};

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: MIT
-// verbs between two processes over memif (run-to-completion mode): each child opens its own Context (EAL,
+// verbs between two processes over memif, in the threading mode SOFTRDMA_TEST_THREADING names
+// ("rx_thread", else run to completion; meson runs the suite once per mode): each child opens its own Context (EAL,
 // port, lwIP), connects through the CM, runs its part, disconnects, and ends checking that lwIP's pools and
 // DPDK's mempool are back to their starting counts (tests/support/tcp_roles.cpp: finish_checks()).
 // Every wait is bounded; a child that hangs is killed by run_roles at its deadline.
@@ -33,6 +34,17 @@ using verbs::WcStatus;
 namespace {
 
 constexpr auto kWait = 10s;
+
+// The threading mode of this run (meson's suites 'verbs' and 'verbs_rx_thread').
+threading::ThreadingConfig test_threading() {
+    threading::ThreadingConfig t;
+    const char* m = std::getenv("SOFTRDMA_TEST_THREADING");
+    if (m != nullptr && std::string_view(m) == "rx_thread") t.mode = threading::Mode::rx_thread;
+    // Two processes with two threads each on a 2-core machine: an idle RX thread sleeps rather than spin,
+    // so the application threads get the cores.
+    t.rx_idle = {.spin_turns = 64, .then = threading::IdlePolicy::Then::sleep, .sleep = 50us};
+    return t;
+}
 
 // What each side tells the other in its MPA private data: one region.
 struct RemoteRegion {
@@ -77,6 +89,7 @@ struct Peer {
         cc.stack = cfg.stack;
         cc.max_mr = 64;
         cc.max_qp = 8;
+        if (cfg.port.capture_path.empty()) cc.threading = test_threading();  // a capture needs one thread
         ctx = verbs::Context::open(cc);
         baseline = ctx->stack().pool_usage();
         pd = ctx->alloc_pd();
@@ -621,7 +634,15 @@ TEST_CASE("1 GiB of WRITEs with content check", "[verbs][memif]") {
             // Tell the client the region may be written again.
             p.post_send({.wr_id = 100u + round, .opcode = verbs::WrOpcode::send});
         }
-        report("1 GiB verified");
+        // Copies on the receive path per payload byte (RxCopyStats): the placement copy is the only one in
+        // run-to-completion mode.
+        const verbs::RxCopyStats cs = p.ctx->rx_copy_stats();
+        if (cs.payload_bytes < (std::uint64_t{1} << 30))
+            throw std::runtime_error("only " + std::to_string(cs.payload_bytes) + " payload bytes counted");
+        const double copies = cs.copies_per_payload_byte();
+        if (p.ctx->threading_mode() == threading::Mode::run_to_completion && copies != 1.0)
+            throw std::runtime_error("copies per payload byte " + std::to_string(copies) + ", want 1");
+        report("1 GiB verified; copies per payload byte " + std::to_string(copies));
         return p.end(0);
     };
     auto client = [](const PeerConfig& cfg) {
@@ -771,7 +792,8 @@ TEST_CASE("1024 QPs connected in one process pair, each exchanging a SEND both w
         std::vector<std::unique_ptr<verbs::QueuePair>> qps;
         std::vector<std::unique_ptr<verbs::CmId>> ids;
         explicit Many(const PeerConfig& cfg) {
-            verbs::ContextConfig cc{.port = cfg.port, .eal = cfg.eal, .stack = cfg.stack, .max_mr = 4, .max_qp = kQps};
+            verbs::ContextConfig cc{.port = cfg.port, .eal = cfg.eal, .stack = cfg.stack, .max_mr = 4, .max_qp = kQps,
+                                    .threading = test_threading()};
             ctx = verbs::Context::open(cc);
             baseline = ctx->stack().pool_usage();
             pd = ctx->alloc_pd();
