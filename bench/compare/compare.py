@@ -111,7 +111,7 @@ def measure_floor(a, out):
     if not os.access(exe, os.X_OK):
         raise MeasureError(f"{exe} is not built (ninja -C {a.build} bench/compare/memif_floor)")
     q = a.quick
-    common = ["--iters", "2000" if q else "20000", "--warmup", "200" if q else "2000",
+    common = ["--iters", "2000" if q else "20000", "--warmup", "1000" if q else "5000",
               "--stream-ms", "100" if q else "400", "--stream-reps", "3" if q else "5",
               "--timeout", "60" if q else "150"]
     small = ["64", "256", "1024", "1500"] if q else ["64", "128", "256", "512", "1024", "1500"]
@@ -413,6 +413,9 @@ def plot(data, out, title):
             with open(fname, "w") as f:
                 f.writelines(f"{b} {v}\n" for b, v in p)
             plots.append(f"'{fname}' using 1:2 with linespoints title {json.dumps(name)}")
+        xs = [b for pts in data.values() for b, v in pts[panel] if v is not None and v > 0]
+        # Points at the ends stay inside the frame (a one-size series is a single point).
+        cmds.append(f"set xrange [{min(xs) / 1.5}:{max(xs) * 1.5}]" if xs else "set xrange [64:65536]")
         cmds.append("set ylabel " + json.dumps(ylabel))
         cmds.append("set logscale y 10" if log else "unset logscale y")
         cmds.append("set title " + json.dumps("latency vs size" if panel == 0 else "bandwidth vs size (one way)"))
@@ -420,7 +423,7 @@ def plot(data, out, title):
             cmds.append("plot " + ", ".join(plots))
         else:  # an empty panel that still renders
             cmds += ["set label 1 'no data' at graph 0.5,0.5 center", "set yrange [0:1]", "unset logscale y",
-                     "plot [64:65536] 2 notitle", "unset label 1", "set autoscale y"]
+                     "plot 2 notitle", "unset label 1", "set autoscale y"]
     cmds.append("unset multiplot")
     r = subprocess.run([gp], input="\n".join(cmds) + "\n", text=True, stdout=subprocess.PIPE,
                        stderr=subprocess.STDOUT, timeout=30)
