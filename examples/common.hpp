@@ -55,14 +55,14 @@ struct NetOptions {
     bool local_child = false;         // set by run_local: this process is one end of --local
 };
 
-inline const char* net_usage() {
+inline std::string net_usage(const NetOptions& defaults) {
     return "  --local                 both ends on this machine over memif (default)\n"
            "  --server | --client     one end; run the other with the other flag\n"
            "  --memif PATH            memif socket shared by both ends (default /run/softrdma-memif.sock)\n"
            "  --af-packet IFACE       use a Linux interface (veth, tap, NIC) instead of memif\n"
            "  --ip A.B.C.D            this end's address (default 198.18.0.1 server, 198.18.0.2 client)\n"
            "  --peer-ip A.B.C.D       client: the server's address (default 198.18.0.1)\n"
-           "  --port N                TCP port of the server (default 7471)\n"
+           "  --port N                TCP port of the server (default " + std::to_string(defaults.port) + ")\n"
            "  --lcores LIST           DPDK cores for this process (default: 0; --local uses 0 and 1)\n"
            "  --no-huge               run DPDK without hugepages\n"
            "  --timeout S             give up after S seconds without progress (default 60)\n";
@@ -162,13 +162,21 @@ bool poll_until(verbs::Context& ctx, Done&& done, Clock::time_point deadline) no
     }
 }
 
-// Ends a connection in order: disconnect (our queued sends still go out), wait for the disconnected event.
+// After the disconnected event: keep polling until TCP has finished closing (our FIN out, the peer's FIN
+// acknowledged), at most 2 s. The event comes as soon as the QP is done with the connection; a process
+// that stopped polling right then could leave with its FIN unsent, and the peer would never hear of the end.
+inline void finish_close(verbs::Context& ctx) {
+    poll_until(ctx, [&] { return ctx.stack().active_pcbs() == 0; }, Clock::now() + 2s);
+}
+
+// Ends a connection in order: disconnect (our queued sends still go out), wait for the disconnected event,
+// then for TCP's close.
 inline void disconnect(verbs::Context& ctx, verbs::CmId& id, std::chrono::seconds limit) {
     id.disconnect();
     const auto deadline = Clock::now() + limit;
     while (Clock::now() < deadline) {
         auto ev = ctx.wait_cm_event(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
-        if (ev && ev->type == verbs::CmEventType::disconnected) return;
+        if (ev && ev->type == verbs::CmEventType::disconnected) return finish_close(ctx);
     }
     throw std::runtime_error("no disconnected event after disconnect()");
 }
@@ -320,16 +328,20 @@ inline int run_main(int argc, char** argv, const char* usage, NetOptions& net,
                     const std::function<int(const NetOptions&)>& server,
                     const std::function<int(const NetOptions&)>& client) {
     spdlog::set_level(spdlog::level::warn);  // the library logs CM events at debug level only
+    bool help = false;
     try {
         Args args(argc, argv);
         args.parse(net, [&](const std::string& a, int& i) {
-            if (a == "-h" || a == "--help") throw std::invalid_argument("");
+            if (a == "-h" || a == "--help") {
+                help = true;
+                throw std::invalid_argument("");
+            }
             return own_flag(args, a, i);
         });
     } catch (const std::invalid_argument& e) {
         if (e.what()[0] != '\0') std::fprintf(stderr, "%s: %s\n", argv[0], e.what());
-        std::fprintf(stderr, "usage: %s %s\n%s", argv[0], usage, net_usage());
-        return 2;
+        std::fprintf(help ? stdout : stderr, "usage: %s %s\n%s", argv[0], usage, net_usage(net).c_str());
+        return help ? 0 : 2;
     }
     try {
         switch (net.role) {

@@ -124,6 +124,7 @@ int server(const NetOptions& net) {
         }
         if (n == 0 && Clock::now() - last_progress > limit) throw std::runtime_error("no message for " + std::to_string(net.timeout_s) + " s");
     }
+    finish_close(*ctx);
     quiet_exit_pause();
     if (echoed != expected) {
         std::fprintf(stderr, "pingpong server: echoed %llu of %llu messages\n", static_cast<unsigned long long>(echoed),

@@ -161,6 +161,7 @@ int server(const NetOptions& net) {
         if (ev) throw std::runtime_error(std::string("CM event ") + verbs::to_string(ev->type));
         if (Clock::now() - last > limit + limit) throw std::runtime_error("the client did not disconnect");
     }
+    finish_close(*e.ctx);
     quiet_exit_pause();
     return 0;
 }

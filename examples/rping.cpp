@@ -75,7 +75,8 @@ struct Cb {
     std::unique_ptr<verbs::CmId> id;
     std::array<verbs::WorkCompletion, 4> wcs{};
     unsigned sends_out = 0;  // SENDs posted, not yet completed
-    bool disconnected = false;
+    bool disconnected = false;           // a flushed completion or the CM event: the connection ended
+    bool seen_disconnect_event = false;  // the CM event itself
 
     Cb(const NetOptions& n, std::size_t rdma_size, bool client) : net(n), limit(n.timeout_s) {
         ctx = verbs::Context::open(context_config(net));
@@ -155,7 +156,7 @@ struct Cb {
             if (auto ev = ctx->get_cm_event()) {
                 if (ev->type != verbs::CmEventType::disconnected)
                     throw std::runtime_error(std::string("cma event ") + verbs::to_string(ev->type));
-                disconnected = true;
+                disconnected = seen_disconnect_event = true;
             }
             return (got && sends_out == 0) || disconnected;
         }, Clock::now() + limit);
@@ -224,6 +225,9 @@ int server(const NetOptions& base) {
         cb.post_send_buf();
         ++pings;
     }
+    // The client's disconnect may be seen first as a flushed receive: wait for the CM event, then TCP's close.
+    if (!cb.seen_disconnect_event) expect_cm_event(*cb.ctx, verbs::CmEventType::disconnected, cb.limit);
+    finish_close(*cb.ctx);
     if (!net.local_child) std::printf("rping server: %d pings served, client disconnected\n", pings);
     quiet_exit_pause();
     return 0;
