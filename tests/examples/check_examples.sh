@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# Runs one example the way a user would and checks what it prints (meson suite 'examples').
+#   check_examples.sh pingpong|rdma_lat|rping|split|errors EXECUTABLE
+# Every run: --no-huge (hugepages are shared by everyone on this machine), small counts, a time limit
+# (--timeout for the example's own waits, `timeout` around the process).
+set -uo pipefail
+what=$1
+exe=$2
+fail() { echo "FAIL: $*"; exit 1; }
+
+# Runs the example; its output goes to $out (and the test log); fails on a non-zero exit code.
+run() {
+  echo "\$ $(basename "$exe") $*"
+  out=$(timeout 120 "$exe" "$@" 2>&1)
+  local rc=$?
+  echo "$out"
+  [ $rc -eq 0 ] || fail "exit code $rc"
+}
+
+# Checks one block of latency lines after the title line matching $1: iterations = $2, then min, p50, p90,
+# p99, p99.9, max in that order, each a number in µs, none smaller than the one before, min > 0.
+check_percentiles() {
+  local title=$1 iters=$2
+  awk -v title="$title" -v iters="$iters" '
+    index($0, title) == 1 { inblock = 1; row = 0; found = 1; next }
+    inblock && row == 0 {
+      if ($1 != "iterations" || $2 != iters) { print "iterations line: " $0; bad = 1 }
+      row = 1; next
+    }
+    inblock && row >= 1 && row <= 6 {
+      split("min p50 p90 p99 p99.9 max", names, " ")
+      if ($1 != names[row] || $3 != "us" || $2 !~ /^[0-9]+\.[0-9]+$/) { print "bad line for " names[row] ": " $0; bad = 1 }
+      if (row == 1 && $2 + 0 <= 0) { print "min not positive"; bad = 1 }
+      if (row > 1 && $2 + 0 < prev) { print names[row] " " $2 " below the previous " prev; bad = 1 }
+      prev = $2 + 0; row++
+      if (row == 7) inblock = 0
+      next
+    }
+    END {
+      if (!found) { print "no block titled: " title; exit 1 }
+      if (inblock) { print "block ended early"; exit 1 }
+      exit bad
+    }' <<<"$out" || fail "latency block '$title'"
+}
+
+case $what in
+pingpong)
+  run --local --no-huge --iters 300 --warmup 30 --size 64 --timeout 20
+  check_percentiles "pingpong: SEND/RECV 64 bytes, half round trip" 300
+  run --local --no-huge --iters 50 --warmup 5 --size 70000 --timeout 20   # messages of many FPDUs
+  check_percentiles "pingpong: SEND/RECV 70000 bytes, half round trip" 50
+  ;;
+rdma_lat)
+  run --local --no-huge --iters 300 --warmup 30 --size 64 --timeout 20
+  check_percentiles "rdma_lat: RDMA WRITE 64 bytes, half round trip" 300
+  check_percentiles "rdma_lat: RDMA READ 64 bytes, full round trip" 300
+  run --local --no-huge --op read --iters 40 --warmup 4 --size 100000 --timeout 20
+  check_percentiles "rdma_lat: RDMA READ 100000 bytes, full round trip" 40
+  grep -q "RDMA WRITE" <<<"$out" && fail "--op read also ran WRITE"
+  ;;
+rping)
+  run --local --no-huge -v -C 20 -S 100 --timeout 20
+  grep -qx "rping: 20 pings of 100 bytes: data verified (READ by the server, WRITTEN back, compared)" <<<"$out" ||
+    fail "no verification line"
+  # rping's text, ping by ping, seen by the server after its READ and by the client after the WRITE back.
+  client=$(grep '^ping data: ' <<<"$out" | sed 's/^ping data: //')
+  server=$(grep '^server ping data: ' <<<"$out" | sed 's/^server ping data: //')
+  [ "$(wc -l <<<"$client")" -eq 20 ] || fail "client printed $(wc -l <<<"$client") pings, not 20"
+  [ "$client" = "$server" ] || fail "client and server saw different ping data"
+  # Ping 0: "rdma-ping-0: " then letters from 'A' (99 characters before the NUL of a 100-byte buffer).
+  first=$(head -1 <<<"$client")
+  expect="rdma-ping-0: $(python3 -c 'print("".join(chr(65 + i % 58) for i in range(99 - 13)))')"
+  [ "$first" = "$expect" ] || fail "ping 0 text: $first"
+  ;;
+split)
+  # --server and --client as two commands (what two machines would run), on a socket of our own.
+  sock=/tmp/softrdma-split-$$.sock
+  trap 'rm -f "$sock"' EXIT
+  timeout 60 "$exe" --server --memif "$sock" --no-huge --lcores 0 --timeout 20 >/tmp/softrdma-split-$$.server 2>&1 &
+  server=$!
+  sleep 0.3
+  run --client --memif "$sock" --no-huge --lcores 1 --iters 200 --warmup 10 --size 512 --timeout 20
+  wait $server; src=$?
+  cat /tmp/softrdma-split-$$.server; rm -f /tmp/softrdma-split-$$.server
+  [ $src -eq 0 ] || fail "server exit code $src"
+  check_percentiles "pingpong: SEND/RECV 512 bytes, half round trip" 200
+  ;;
+errors)
+  # A bad flag: usage and exit code 2. A client with nobody to talk to: a clear error, exit code 1, in time.
+  timeout 10 "$exe" --no-such-flag >/dev/null 2>&1; rc=$?
+  [ $rc -eq 2 ] || fail "bad flag: exit code $rc, expected 2"
+  start=$(date +%s)
+  out=$(timeout 60 "$exe" --client --memif /tmp/softrdma-nobody-$$.sock --no-huge --timeout 3 2>&1); rc=$?
+  echo "$out" | tail -2
+  [ $rc -eq 1 ] || fail "lonely client: exit code $rc, expected 1"
+  grep -q "is the server process running" <<<"$out" || fail "lonely client: no clear message"
+  [ $(( $(date +%s) - start )) -le 20 ] || fail "lonely client took too long"
+  ;;
+*) fail "unknown check $what" ;;
+esac
+echo "ok: $what"
