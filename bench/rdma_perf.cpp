@@ -8,6 +8,9 @@
 // --server / --client PEER: one end per invocation, for runs over af_packet or a PCI device (or memif
 // between two shells). The client prints perftest's table and writes --json; the server takes the test
 // parameters from the client's MPA private data. `rdma_perf --help` lists every flag.
+#include <signal.h>
+#include <sys/prctl.h>
+
 #include <cstdio>
 #include <string>
 
@@ -56,8 +59,10 @@ int run_local(const Options& o, double tpu) {
         server.eal.lcores = o.cpu.substr(0, comma);
         client.eal.lcores = o.cpu.substr(comma + 1);
     }
-    const auto out = test::run_roles({{"server", [&, s = server] { return run_server(s, o, tpu); }},
-                                      {"client", [&, c = client] { return run_client(c, o, tpu); }, 200ms}},
+    // A child ends with its parent (killed by a caller's timeout): no orphan keeps polling a core.
+    auto orphan_guard = [] { ::prctl(PR_SET_PDEATHSIG, SIGTERM); };
+    const auto out = test::run_roles({{"server", [&, s = server] { orphan_guard(); return run_server(s, o, tpu); }},
+                                      {"client", [&, c = client] { orphan_guard(); return run_client(c, o, tpu); }, 200ms}},
                                      std::chrono::seconds(o.deadline_s));
     int rc = 0;
     for (const auto& r : out) {

@@ -75,7 +75,7 @@ struct Options {
     std::string cpu;            // local: "A,B" (server core, client core); server/client: "N"
     std::string json;           // write the run as JSON here
     unsigned timeout_s{10};     // a wait without progress this long fails the run (peer gone)
-    unsigned deadline_s{300};   // local mode: both processes are killed after this
+    unsigned deadline_s{600};   // local: both processes are killed after this; server: wait for a client
     bool verbose{false};
     // server / client mode
     std::string peer;           // client: the server's address

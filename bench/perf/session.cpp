@@ -174,11 +174,14 @@ public:
 
     int server() {
         listener_ = ctx_->listen(pc_.tcp_port);
-        // A server waits for its client as long as the run may last; the client's own limits apply after.
+        // A server started by hand waits for its client as long as a run may last (--deadline); in --local
+        // mode the client starts at the same time and gives up connecting after --timeout, so the server
+        // gives up after twice that.
+        const unsigned wait_s = o_.mode == Mode::server ? o_.deadline_s : 2 * o_.timeout_s + 5;
         std::optional<verbs::CmEvent> ev;
-        const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(o_.deadline_s);
+        const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(wait_s);
         while (!ev && std::chrono::steady_clock::now() < until) ev = ctx_->wait_cm_event(1s);
-        if (!ev) fail("no client within " + std::to_string(o_.deadline_s) + " s");
+        if (!ev) fail("no client within " + std::to_string(wait_s) + " s");
         if (ev->type != verbs::CmEventType::connect_request)
             fail(std::string("CM event ") + verbs::to_string(ev->type) + " " + ev->reason);
         if (ev->private_data.size != sizeof(WireParams)) fail("a client that is not rdma_perf");

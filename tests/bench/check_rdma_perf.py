@@ -1,0 +1,112 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
+"""Smoke test of bench/rdma_perf (suite 'bench'): tiny latency and bandwidth runs of every test over memif
+(two processes on this machine), checking perftest's column headers, the rows, the exit codes and the JSON
+file the comparison script reads. Usage: check_rdma_perf.py PATH/TO/rdma_perf"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+LAT_HEADER = ("#bytes #iterations t_min[usec] t_max[usec] t_typical[usec] t_avg[usec] t_stdev[usec] "
+              "99% percentile[usec] 99.9% percentile[usec]")
+BW_HEADER = "#bytes #iterations BW peak[MiB/sec] BW average[MiB/sec] MsgRate[Mpps]"
+LAT_KEYS = ["bytes", "iterations", "t_min_us", "t_max_us", "t_typical_us", "t_avg_us", "t_stdev_us", "p99_us",
+            "p999_us"]
+BW_KEYS = ["bytes", "iterations", "bw_peak_mib_s", "bw_avg_mib_s", "msg_rate_mpps"]
+TOP_KEYS = ["tool", "test", "kind", "threading", "mtu", "results"]
+
+failures = []
+
+
+def check(cond, what):
+    if not cond:
+        failures.append(what)
+        print("FAIL:", what)
+    return cond
+
+
+def run(exe, args, timeout=25):
+    p = subprocess.run([exe] + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=timeout)
+    return p.returncode, p.stdout, p.stderr
+
+
+def rows_after(header, out):
+    lines = out.splitlines()
+    if header not in lines:
+        return None
+    i = lines.index(header)
+    return [l.split() for l in lines[i + 1:] if l and not l.startswith("#")]
+
+
+def case(exe, tmp, test, kind, args, sizes, iters):
+    name = f"{test} {kind} {' '.join(args)}"
+    path = os.path.join(tmp, f"{test}-{kind}.json")
+    rc, out, err = run(exe, ["--test", test, f"--{kind}", "--json", path, "--timeout", "5", "--deadline", "20"] + args)
+    print(f"== {name}: exit {rc}\n{out}{err}", end="")
+    if not check(rc == 0, f"{name}: exit code {rc}"):
+        return
+    header = LAT_HEADER if kind == "lat" else BW_HEADER
+    rows = rows_after(header, out)
+    if not check(rows is not None, f"{name}: header line missing or different"):
+        return
+    ncol = 9 if kind == "lat" else 5
+    check(len(rows) == len(sizes), f"{name}: {len(rows)} rows, expected {len(sizes)}")
+    for r, size in zip(rows, sizes):
+        check(len(r) == ncol, f"{name}: row {r} has {len(r)} columns, expected {ncol}")
+        try:
+            vals = [float(x) for x in r]
+        except ValueError:
+            check(False, f"{name}: row {r} is not all numbers")
+            continue
+        check(int(vals[0]) == size and int(vals[1]) == iters, f"{name}: row {r} bytes/iterations")
+        if kind == "lat":
+            tmin, tmax, typ, avg, sd, p99, p999 = vals[2:]
+            check(0 < tmin <= typ <= tmax and tmin <= avg <= tmax and sd >= 0 and typ <= p99 <= p999 <= tmax,
+                  f"{name}: latency figures out of order: {r}")
+        else:
+            peak, avg, rate = vals[2:]
+            check(0 < avg <= peak * 1.0001 and rate > 0, f"{name}: bandwidth figures: {r}")
+            check(abs(avg * 1048576 / size / 1e6 - rate) <= 0.02 * rate, f"{name}: MsgRate != BW/size: {r}")
+    try:
+        with open(path) as f:
+            d = json.load(f)
+    except (OSError, ValueError) as e:
+        check(False, f"{name}: JSON: {e}")
+        return
+    check(list(d.keys()) == TOP_KEYS, f"{name}: JSON keys {list(d.keys())}")
+    check(d.get("tool") == "rdma_perf" and d.get("test") == test and d.get("kind") == kind and
+          d.get("threading") == "rtc" and d.get("mtu") == 1500, f"{name}: JSON header fields {d}")
+    res = d.get("results", [])
+    check(len(res) == len(sizes), f"{name}: JSON has {len(res)} results")
+    keys = LAT_KEYS if kind == "lat" else BW_KEYS
+    for r, size in zip(res, sizes):
+        check(list(r.keys()) == keys, f"{name}: JSON result keys {list(r.keys())}")
+        check(r.get("bytes") == size and r.get("iterations") == iters, f"{name}: JSON result {r}")
+        check(all(isinstance(r.get(k), (int, float)) for k in keys), f"{name}: JSON non-numbers {r}")
+
+
+def main():
+    exe = sys.argv[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        case(exe, tmp, "send", "lat", ["-s", "64", "-n", "300"], [64], 300)
+        case(exe, tmp, "write", "lat", ["-s", "4096", "-n", "200"], [4096], 200)
+        case(exe, tmp, "read", "lat", ["-s", "64", "-n", "200"], [64], 200)
+        case(exe, tmp, "atomic", "bw", ["-n", "2000", "-t", "32"], [8], 2000)
+        case(exe, tmp, "send", "bw", ["-s", "64", "-n", "20000", "-t", "64", "-c", "16"], [64], 20000)
+        case(exe, tmp, "write", "bw", ["-s", "65536", "-n", "500"], [65536], 500)
+        # The flags a script relies on being refused, not ignored.
+        rc, out, err = run(exe, ["--test", "atomic", "-s", "64"])
+        check(rc == 2 and "atomic" in err, f"atomic with -s 64: exit {rc}, {err.strip()}")
+        rc, out, err = run(exe, ["--test", "nope"])
+        check(rc == 2, f"--test nope: exit {rc}")
+    if failures:
+        print(f"{len(failures)} failure(s)")
+        return 1
+    print("rdma_perf smoke: all good")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
