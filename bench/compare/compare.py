@@ -440,7 +440,9 @@ def on_signal(signum, _frame):
 
 def main(argv=None):
     top = os.path.realpath(os.path.join(os.path.dirname(__file__), "..", ".."))
-    p = argparse.ArgumentParser(prog="scripts/compare", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="scripts/compare", description=__doc__.splitlines()[0],
+                                epilog="scripts/compare builds what it runs first; --no-build uses the build "
+                                       "directory as it is. Output: compare.md, compare.json, compare.png, raw/.")
     p.add_argument("--quick", action="store_true", help="short runs, a few sizes (smoke test, ~1 minute)")
     p.add_argument("--out", help="output directory (default results/compare-<date>-<time>/)")
     p.add_argument("--build", default=os.environ.get("SOFTRDMA_BUILD", "build"), help="meson build directory")
