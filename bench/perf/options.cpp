@@ -39,11 +39,18 @@ std::vector<Phase> plan(const WireParams& p) {
         ph.size = s;
         ph.iters = p.iters != 0 ? p.iters
                                 : static_cast<std::uint32_t>(std::clamp<std::uint64_t>(budget / s, 16, def));
+        // Warmup without -w: the first ~1024 frames after a port starts cost several microseconds more each
+        // (memif's shared rings are touched for the first time: page faults in both processes), so a cold
+        // 64-byte ping-pong reads 4-6x its steady latency for its first 1000 messages. The default warmup
+        // pushes at least 2048 messages or 32 MiB (latency) / 64 MiB (bandwidth) through first, at least 16
+        // messages (and one TX depth for bandwidth).
         if (p.warmup != ~0u) {
             ph.warmup = p.warmup;
         } else {
-            const std::uint32_t w = p.kind == Kind::lat ? 16 : std::max<std::uint32_t>(p.depth, 16);
-            ph.warmup = std::min(w, ph.iters / 10);
+            const std::uint64_t bytes = p.kind == Kind::lat ? (32ull << 20) : (64ull << 20);
+            const std::uint64_t lo = p.kind == Kind::lat ? 16 : std::max<std::uint32_t>(16, p.depth);
+            const std::uint64_t hi = p.kind == Kind::lat ? 2048 : 8192;
+            ph.warmup = static_cast<std::uint32_t>(std::clamp<std::uint64_t>(bytes / s, lo, std::max(lo, hi)));
         }
         out.push_back(ph);
     }
