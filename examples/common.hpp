@@ -53,6 +53,9 @@ struct NetOptions {
     std::string lcores;               // DPDK core list for this process ("" = core 0)
     unsigned timeout_s = 60;          // every wait ends with an error after this
     bool local_child = false;         // set by run_local: this process is one end of --local
+    // run_to_completion: one thread does everything inside Context::poll(); rx_thread: a dedicated thread
+    // polls DPDK and copies frames in, the application thread runs the protocol and TX.
+    softrdma::threading::Mode threading = softrdma::threading::Mode::run_to_completion;
 };
 
 inline std::string net_usage(const NetOptions& defaults) {
@@ -130,6 +133,7 @@ inline verbs::ContextConfig context_config(const NetOptions& o) {
     cc.stack.address = softrdma::stack::Ipv4::parse(!o.ip.empty() ? o.ip : server ? "198.18.0.1" : "198.18.0.2");
     cc.max_mr = 16;
     cc.max_qp = 4;
+    cc.threading.mode = o.threading;  // the RX thread (if any) goes on any core; it yields when idle
     return cc;
 }
 
@@ -151,14 +155,27 @@ inline verbs::CmEvent expect_cm_event(verbs::Context& ctx, verbs::CmEventType wa
     return std::move(*ev);
 }
 
-// Runs the polling loop (Context::poll: RX, protocol, TX) until done() or the deadline. A template, not a
-// std::function, so the data path builds nothing on the heap. The clock is read every 64 turns.
+// One turn of the polling loop (Context::poll: RX, protocol, TX), with the examples' idle policy: with one
+// thread per process (run to completion) each process has a core and spins. With an RX thread, that thread
+// needs a core too and this machine may have fewer cores than busy threads, so after 64 turns that received
+// nothing the turn also yields the core. `idle` counts idle turns (the caller's, starting at 0).
+inline void poll_turn(verbs::Context& ctx, unsigned& idle) noexcept {
+    if (ctx.poll() != 0) {
+        idle = 0;
+    } else if (++idle > 64 && ctx.threading_mode() == softrdma::threading::Mode::rx_thread) {
+        std::this_thread::yield();
+    }
+}
+
+// Polls until done() or the deadline. A template, not a std::function, so the data path builds nothing on
+// the heap. The clock is read every 64 turns.
 template <class Done>
 bool poll_until(verbs::Context& ctx, Done&& done, Clock::time_point deadline) noexcept {
+    unsigned idle = 0;
     for (unsigned turn = 0;; ++turn) {
         if (done()) return true;
         if ((turn & 63) == 0 && Clock::now() >= deadline) return done();
-        ctx.poll();
+        poll_turn(ctx, idle);
     }
 }
 

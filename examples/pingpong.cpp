@@ -91,8 +91,9 @@ int server(const NetOptions& net) {
     bool disconnected = false;
     std::array<verbs::WorkCompletion, 8> wcs;
     auto last_progress = Clock::now();
+    unsigned idle = 0;
     while (!disconnected) {
-        ctx->poll();
+        poll_turn(*ctx, idle);
         const std::size_t n = cq->poll(wcs);
         for (std::size_t k = 0; k < n; ++k) {
             const auto& wc = wcs[k];
@@ -196,8 +197,9 @@ int client(const NetOptions& net) {
     }
     disconnect(*ctx, *id, limit);
     quiet_exit_pause();
+    const bool rx_thread = net.threading == softrdma::threading::Mode::rx_thread;
     lat.print("pingpong: SEND/RECV " + std::to_string(opt.size) + " bytes, half round trip (" +
-              std::to_string(opt.warmup) + " warmup rounds not counted)");
+              std::to_string(opt.warmup) + " warmup rounds not counted" + (rx_thread ? ", RX thread" : "") + ")");
     return 0;
 }
 
@@ -209,13 +211,19 @@ int main(int argc, char** argv) {
         "[--local | --server | --client] [--size BYTES] [--iters N] [--warmup N] [network flags]\n"
         "  --size BYTES            message size (default 64)\n"
         "  --iters N               measured round trips (default 10000)\n"
-        "  --warmup N              round trips before measuring (default 1000)\n";
+        "  --warmup N              round trips before measuring (default 1000)\n"
+        "  --threading rtc|rx-thread  one thread per process (default), or a dedicated RX thread in each\n";
     return run_main(argc, argv, usage, net,
-                    [](const Args& args, const std::string& a, int& i) {
+                    [&net](const Args& args, const std::string& a, int& i) {
                         if (a == "--size") opt.size = static_cast<std::uint32_t>(std::clamp(args.number(i), 1ul, 16ul << 20));
                         else if (a == "--iters") opt.iters = std::max(1ul, args.number(i));
                         else if (a == "--warmup") opt.warmup = args.number(i);
-                        else return false;
+                        else if (a == "--threading") {
+                            const std::string v = args.value(i);
+                            if (v != "rtc" && v != "rx-thread") throw std::invalid_argument("--threading rtc|rx-thread");
+                            net.threading = v == "rtc" ? softrdma::threading::Mode::run_to_completion
+                                                       : softrdma::threading::Mode::rx_thread;
+                        } else return false;
                         return true;
                     },
                     server, client);

@@ -49,6 +49,8 @@ pingpong)
   check_percentiles "pingpong: SEND/RECV 64 bytes, half round trip" 300
   run --local --no-huge --iters 50 --warmup 5 --size 70000 --timeout 20   # messages of many FPDUs
   check_percentiles "pingpong: SEND/RECV 70000 bytes, half round trip" 50
+  run --local --no-huge --threading rx-thread --iters 200 --warmup 20 --timeout 20   # a dedicated RX thread
+  check_percentiles "pingpong: SEND/RECV 64 bytes, half round trip (20 warmup rounds not counted, RX thread)" 200
   ;;
 rdma_lat)
   run --local --no-huge --iters 300 --warmup 30 --size 64 --timeout 20
