@@ -98,6 +98,18 @@ errors)
   grep -q "is the server process running" <<<"$out" || fail "lonely client: no clear message"
   [ $(( $(date +%s) - start )) -le 20 ] || fail "lonely client took too long"
   ;;
+nohuge)
+  # No hugepages (hugetlbfs unmounted in a private mount namespace): one note, then the run works without.
+  if [ "$(id -u)" -ne 0 ] || ! command -v unshare >/dev/null; then echo "skipped: needs root and unshare"; exit 77; fi
+  echo "\$ unshare -m: umount hugetlbfs; $(basename "$exe") --local --iters 100 --warmup 10"
+  out=$(timeout 120 unshare -m --propagation private sh -c \
+    'for m in $(awk "\$3 == \"hugetlbfs\" {print \$2}" /proc/mounts); do umount "$m" || exit 9; done; exec "$0" "$@"' \
+    "$exe" --local --iters 100 --warmup 10 --timeout 20 2>&1); rc=$?
+  echo "$out"
+  [ $rc -eq 0 ] || fail "exit code $rc"
+  [ "$(grep -c 'no free hugepages' <<<"$out")" -eq 1 ] || fail "the no-hugepages note is not there exactly once"
+  check_percentiles "pingpong: SEND/RECV 64 bytes, half round trip" 100
+  ;;
 *) fail "unknown check $what" ;;
 esac
 echo "ok: $what"
