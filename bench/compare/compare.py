@@ -402,7 +402,10 @@ def plot(data, out, title):
         return "gnuplot not found (scripts/setup installs gnuplot-nox): no plot"
     cmds = [f"set terminal pngcairo size 1400,560 font ',10'", f"set output '{os.path.join(out, 'compare.png')}'",
             "set multiplot layout 1,2 title " + json.dumps(title), "set logscale x 2", "set grid",
-            "set key top left", "set xlabel 'message / frame payload bytes'"]
+            "set key top left", "set xlabel 'message / frame payload bytes'",
+            "set xtics (" + ", ".join(f'"{n}" {v}' for n, v in (
+                ("2", 2), ("8", 8), ("64", 64), ("256", 256), ("1K", 1024), ("4K", 4096), ("16K", 16384),
+                ("64K", 65536), ("256K", 262144), ("1M", 1 << 20), ("4M", 4 << 20), ("16M", 16 << 20))) + ")"]
     for panel, ylabel, log in ((0, "half round trip, median (us)", True), (1, "bandwidth (GB/s, 10^9 B/s)", False)):
         plots = []
         for name, pts in data.items():
