@@ -65,6 +65,7 @@ int server(const NetOptions& net) {
     if (from_be(hello.magic) != kMagic) throw std::runtime_error("connection request is not from pingpong --client");
     const std::uint32_t size = from_be(hello.size);
     const std::uint64_t expected = from_be(hello.count);
+    if (size == 0 || size > (16u << 20)) throw std::runtime_error("message size " + std::to_string(size) + " out of range");
 
     // Now that we know the message size: one registered buffer cut into kSlots message slots. Receives need
     // local_write (the library writes into them); the echo is sent from the slot the message arrived in.
