@@ -59,13 +59,41 @@ std::vector<Phase> plan(const WireParams& p) {
 
 void usage(const char* argv0) {
     std::fprintf(stderr,
-        "usage: %s [--test send|write|read|atomic] [--lat|--bw] [-s SIZE | -a] [-n ITERS] [-w WARMUP]\n"
-        "          [-t DEPTH] [-r RX_DEPTH] [-c CQ_MOD] [-I INLINE] [-o OUTS] [--crc] [--mtu 1500|9000]\n"
-        "          [--no-huge] [--threading rtc|rx-thread] [--cpu LIST] [--json FILE] [--timeout SEC]\n"
-        "          [--deadline SEC] [--verbose]\n"
-        "          [--local | --server | --client PEER] [--addr IP] [--netmask MASK] [--port TCP_PORT]\n"
-        "          [--backend memif|af_packet|device] [--memif-socket PATH] [--iface IF] [--device DEV]\n"
-        "see bench/README text in the top-level README for what each flag does\n",
+        "usage: %s [options]   perftest-style latency / bandwidth over softrdma verbs\n"
+        "test:\n"
+        "  --test send|write|read|atomic  operation (default send; atomic = 8-byte fetch-and-add)\n"
+        "  --lat | --bw        latency ping-pong (default) or bandwidth stream\n"
+        "  -s, --size N        message bytes (k/M suffix; default 2 for --lat, 65536 for --bw, 8 for atomic)\n"
+        "  -a, --all           sweep 2 B .. 8 MiB in powers of two\n"
+        "  -n, --iters N       timed messages per size (default 1000 lat / 5000 bw, fewer for large sizes)\n"
+        "  -w, --warmup N      untimed messages before them (default: >= 2048 or 32/64 MiB)\n"
+        "  -t, --tx-depth N    --bw: outstanding WRs (default 128)\n"
+        "  -c, --cq-mod N      --bw: one signaled WR every N (default 64, at most -t)\n"
+        "  -r, --rx-depth N    send: receives kept posted (default 2 x tx depth, at least 16)\n"
+        "  -I, --inline N      post messages up to N bytes inline (default 0)\n"
+        "  -o, --outs N        READ/atomic: IRD/ORD, outstanding requests (default min(tx depth, 128))\n"
+        "  --crc               require MPA CRC (default off)\n"
+        "  --mtu 1500|9000     port MTU (default 1500)\n"
+        "  --threading rtc|rx-thread  run to completion (default) or a dedicated RX thread per process\n"
+        "  --yield-after N     idle polling turns before yielding the core (default 0 = spin; 64 with rx-thread)\n"
+        "  --json FILE         write the results as JSON\n"
+        "  --timeout SEC       fail a wait without progress after SEC (default 10)\n"
+        "  --deadline SEC      --local: kill both processes after SEC; --server: wait this long for a client\n"
+        "                      (default 600)\n"
+        "  --no-huge           DPDK without hugepages\n"
+        "  -v, --verbose       softrdma's info logs\n"
+        "ends:\n"
+        "  --local             (default) fork a server and a client on this machine, over memif\n"
+        "  --server            one end: listen, take the test from the client\n"
+        "  --client ADDR       one end: connect to the server at ADDR, print the table\n"
+        "  --cpu LIST          --local: SERVER,CLIENT cores (default 0,1); else this process's DPDK core\n"
+        "  --addr IP           our address (default 198.18.0.1 server, 198.18.0.2 client)\n"
+        "  --netmask MASK      (default 255.255.255.0)\n"
+        "  --port N            TCP port (default 18515)\n"
+        "  --backend memif|af_packet|device  (default memif; --iface / --device imply the others)\n"
+        "  --memif-socket PATH memif socket shared by both ends (the server is the memif server)\n"
+        "  --iface IF          af_packet: Linux interface (veth, tap or a NIC)\n"
+        "  --device DEV        DPDK device: PCI address bound to vfio-pci, or a vdev string\n",
         argv0);
 }
 
@@ -172,6 +200,9 @@ bool parse(int argc, char** argv, Options& o, int& exit_code) {
             if (!value(v)) return fail("--threading needs a value");
             if (v != "rtc" && v != "rx-thread") return fail("--threading: rtc or rx-thread");
             o.threading = std::string(v);
+        } else if (a == "--yield-after") {
+            if (!number(n) || n == ~0u) return fail("--yield-after: idle turns (0 = spin)");
+            o.yield_after = n;
         } else if (a == "--cpu") {
             if (!value(v)) return fail("--cpu needs a core list");
             o.cpu = std::string(v);
@@ -242,11 +273,6 @@ bool parse(int argc, char** argv, Options& o, int& exit_code) {
     p.cq_mod = std::min(p.cq_mod, p.depth);  // a signaled WR must come within every window of depth WRs
     if (p.rx_depth == 0) p.rx_depth = std::max<std::uint32_t>(2 * p.depth, 16);
     if (p.outs == 0) p.outs = std::min<std::uint32_t>(p.depth, 128);
-    if (o.threading != "rtc") {
-        // verbs::ContextConfig has no threading choice yet: only run-to-completion exists.
-        return fail("--threading rx-thread: this build's verbs::Context has run-to-completion only "
-                    "(no RX-thread mode in verbs::ContextConfig yet); use --threading rtc");
-    }
     if (o.mode == Mode::client && o.peer.empty()) return fail("--client needs the server's address");
     if (o.mode == Mode::local && o.backend != io::Backend::memif)
         return fail("--local runs both ends over memif; use --server/--client for af_packet or a device");

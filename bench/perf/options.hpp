@@ -68,7 +68,8 @@ std::vector<Phase> plan(const WireParams& p);
 struct Options {
     Mode mode{Mode::local};
     WireParams params{};
-    std::string threading{"rtc"};
+    std::string threading{"rtc"};  // rtc | rx-thread (verbs::ContextConfig::threading.mode)
+    unsigned yield_after{~0u};     // idle turns before yielding the core; ~0u = default (rtc 0 = spin, rx-thread 64)
     std::uint16_t mtu{1500};
     bool no_huge{false};
     bool crc{false};

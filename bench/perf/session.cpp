@@ -100,6 +100,7 @@ struct Mapping {
 
 [[noreturn]] [[gnu::noinline]] void fail(const std::string& what) { throw std::runtime_error(what); }
 
+
 // One end. Members are destroyed in reverse order: connection objects before the Context.
 class Peer {
 public:
@@ -111,10 +112,12 @@ public:
         cc.stack = pc.stack;
         cc.max_mr = 16;
         cc.max_qp = 4;
+        cc.threading.mode = o.threading == "rx-thread" ? threading::Mode::rx_thread : threading::Mode::run_to_completion;
         ctx_ = verbs::Context::open(cc);
         baseline_ = ctx_->stack().pool_usage();
         pd_ = ctx_->alloc_pd();
         stall_ = static_cast<std::uint64_t>(static_cast<double>(o.timeout_s) * 1e6 * tpu);
+        yield_after_ = o.yield_after != ~0u ? o.yield_after : (o.threading == "rx-thread" ? 64 : 0);
     }
 
     int client() {
@@ -405,8 +408,15 @@ private:
             }
         }
         const std::uint64_t now = tsc();
-        if (progress) deadline_ = now + stall_;
-        else if (now > deadline_) [[unlikely]] stalled();
+        if (progress) {
+            deadline_ = now + stall_;
+            idle_ = 0;
+        } else {
+            if (now > deadline_) [[unlikely]] stalled();
+            // Idle policy: with an RX thread each process has two busy threads; on a small machine an idle
+            // application thread yields its core after --yield-after idle turns (0 = always spin).
+            if (yield_after_ != 0 && ++idle_ > yield_after_) std::this_thread::yield();
+        }
     }
     void on_recv(const WorkCompletion& wc) {
         if (wc.opcode != WcOpcode::recv) return;
@@ -665,6 +675,8 @@ private:
     unsigned dir_;
     std::uint64_t stall_{0};
     std::uint64_t deadline_{0};
+    unsigned yield_after_{0};
+    unsigned idle_{0};
 
     std::unique_ptr<verbs::Context> ctx_;
     stack::PoolUsage baseline_;
