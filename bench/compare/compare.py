@@ -200,6 +200,14 @@ def measure_kernel(a, out):
              "--iters", "2000" if q else "20000", "--warmup", "200" if q else "2000",
              "--stream-ms", "100" if q else "400", "--stream-reps", "3" if q else "5", "--json", path],
             limit + 5, os.path.join(out, "raw", "kernel-client.log"))
+        # The same ping-pong with both ends busy-polling recv(MSG_DONTWAIT), as softrdma polls: how much of the
+        # gap is the sleep/wake-up of blocking sockets.
+        spin_path = os.path.join(out, "raw", "kernel-spin.json")
+        run(["ip", "netns", "exec", ns.b, exe, "client", "--host", KERNEL_ADDR[0], "--port", str(KERNEL_PORT),
+             "--cpu", "1", "--timeout", str(limit), "--spin", "--sizes", "64" if q else "64,256,1024,4096,16384,65536",
+             "--stream-sizes", "", "--iters", "2000" if q else "20000", "--warmup", "200" if q else "2000",
+             "--json", spin_path],
+            limit + 5, os.path.join(out, "raw", "kernel-spin-client.log"))
         subprocess.run(["ip", "netns", "exec", ns.b, exe, "quit", "--host", KERNEL_ADDR[0], "--port", str(KERNEL_PORT),
                         "--timeout", "5"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=10)
         try:
@@ -208,6 +216,8 @@ def measure_kernel(a, out):
             pass
         with open(path) as f:
             d = json.load(f)
+        with open(spin_path) as f:
+            d["lat_spin"] = json.load(f)["lat"]
         d["mtu"] = a.mtu
         return d
     finally:
@@ -322,6 +332,9 @@ def build_rows(floor, kernel, softrdma, mtu):
         ("half_rtt_64", "64 B half round trip, median (SEND ping-pong)", "us", "lower",
          pick(fl_lat, 64, "half_rtt_median_us"), pick(k_lat, 64, "half_rtt_median_us"),
          soft(softrdma, "send-lat", 64, "t_typical_us")),
+        ("half_rtt_64_kspin", "64 B half round trip, median, kernel TCP busy-polling", "us", "lower",
+         pick(fl_lat, 64, "half_rtt_median_us"), pick((kernel or {}).get("lat_spin"), 64, "half_rtt_median_us"),
+         soft(softrdma, "send-lat", 64, "t_typical_us")),
         ("half_rtt_64_p99", "64 B half round trip, p99", "us", "lower",
          pick(fl_lat, 64, "half_rtt_p99_us"), pick(k_lat, 64, "half_rtt_p99_us"),
          soft(softrdma, "send-lat", 64, "p99_us")),
@@ -371,8 +384,9 @@ def render(rows, status, meta):
     if meta["load_start"] > 1.0 or meta["load_end"] > 1.0:
         notes.append("- other work was running on this 2-core machine during the run: figures are noisy")
     notes.append("- medians from this run; latency lower is better, bandwidth and message rate higher is better; "
-                 "the floor is io/ alone (no stack), kernel TCP is blocking sockets with TCP_NODELAY between two "
-                 "namespaces on a veth pair, softrdma busy-polls (rdma_perf)")
+                 "the floor is io/ alone (no stack); kernel TCP is TCP_NODELAY sockets between two namespaces on a veth "
+                 "pair, blocking in recv() except in the busy-polling row (recv(MSG_DONTWAIT) at both ends); "
+                 "softrdma busy-polls (rdma_perf)")
     return text, "\n".join(md), notes
 
 
@@ -387,6 +401,7 @@ def series(floor, kernel, softrdma):
     if kernel:
         out["kernel TCP"] = (sorted((e["bytes"], e["half_rtt_median_us"]) for e in kernel["lat"]),
                              sorted((e["bytes"], e["gb_s"]) for e in kernel["bw"]))
+        out["kernel TCP, busy-polling"] = (sorted((e["bytes"], e["half_rtt_median_us"]) for e in kernel.get("lat_spin", [])), [])
     if softrdma:
         runs = softrdma["runs"]
         lat = sorted((b, r["t_typical_us"]) for b, r in runs.get("send-lat", {}).get("results", {}).items())
@@ -412,7 +427,7 @@ def plot(data, out, title):
             p = [(b, v) for b, v in pts[panel] if v is not None and v > 0]
             if not p:
                 continue
-            fname = os.path.join(out, "raw", f"plot-{panel}-{re.sub(r'[^a-z]+', '_', name)}.dat")
+            fname = os.path.join(out, "raw", f"plot-{panel}-{re.sub(r'[^a-z]+', '_', name.lower())}.dat")
             with open(fname, "w") as f:
                 f.writelines(f"{b} {v}\n" for b, v in p)
             plots.append(f"'{fname}' using 1:2 with linespoints title {json.dumps(name)}")

@@ -4,11 +4,12 @@
 // Blocking sockets, TCP_NODELAY, one connection per measurement.
 //
 //   kernel_tcp server --port P [--cpu N] [--timeout S]
-//   kernel_tcp client --host ADDR --port P [--cpu N] [--timeout S] [--sizes 64,...] [--iters N] [--warmup N]
+//   kernel_tcp client --host ADDR --port P [--cpu N] [--timeout S] [--sizes 64,...] [--iters N] [--warmup N] [--spin]
 //                     [--stream-sizes 64,65536,...] [--stream-ms N] [--stream-reps N] [--json FILE]
 //
 //  - ping-pong: the client writes N bytes, the server reads them all and writes them back; half the round
-//    trip, median / p99 / min over --iters exchanges per size.
+//    trip, median / p99 / min over --iters exchanges per size. --spin: both ends busy-poll
+//    recv(MSG_DONTWAIT) instead of sleeping in recv(), as softrdma polls (costs a core at each end).
 //  - stream: the client writes N-byte messages for --stream-ms and then shuts its side down; the server counts
 //    bytes from the first byte to end of stream and sends back what it counted: payload GB/s (10^9 bytes/s)
 //    and messages per second (bytes / N); --stream-reps connections per size, the median one reported.
@@ -38,7 +39,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-enum Op : std::uint32_t { op_pingpong = 1, op_stream = 2, op_quit = 3 };
+enum Op : std::uint32_t { op_pingpong = 1, op_stream = 2, op_quit = 3, op_pingpong_spin = 4 };
 
 struct Request {  // client -> server at the start of each connection, host byte order (same machine)
     std::uint32_t op;
@@ -52,6 +53,7 @@ struct StreamResult {  // server -> client after a stream
 
 struct Options {
     bool server = false;
+    bool spin = false;  // ping-pong: both ends busy-poll recv(MSG_DONTWAIT) instead of blocking
     std::string host = "127.0.0.1";
     int port = 5201;
     int cpu = -1;
@@ -73,17 +75,18 @@ void set_limits(int fd, unsigned seconds) {
 }
 
 // Reads exactly n bytes; false on a clean end of stream before the first byte. Throws on error/timeout.
-bool read_all(int fd, void* buf, std::size_t n) {
+// spin: busy-polls with MSG_DONTWAIT instead of sleeping in recv() (bounded by the process alarm).
+bool read_all(int fd, void* buf, std::size_t n, bool spin = false) {
     auto* p = static_cast<char*>(buf);
     std::size_t got = 0;
     while (got < n) {
-        const ssize_t r = ::recv(fd, p + got, n - got, 0);
+        const ssize_t r = ::recv(fd, p + got, n - got, spin ? MSG_DONTWAIT : 0);
         if (r == 0) {
             if (got == 0) return false;
             throw std::runtime_error("peer closed mid-message");
         }
         if (r < 0) {
-            if (errno == EINTR) continue;
+            if (errno == EINTR || (spin && (errno == EAGAIN || errno == EWOULDBLOCK))) continue;
             fail("recv");
         }
         got += static_cast<std::size_t>(r);
@@ -142,10 +145,11 @@ int run_server(const Options& o) {
             ::close(fd);
             break;
         }
-        if (rq.op == op_pingpong) {
+        if (rq.op == op_pingpong || rq.op == op_pingpong_spin) {
             if (rq.size > buf.size()) throw std::runtime_error("ping-pong message too large");
             for (std::uint64_t i = 0; i < rq.count; ++i) {
-                if (!read_all(fd, buf.data(), rq.size)) throw std::runtime_error("ping-pong ended early");
+                if (!read_all(fd, buf.data(), rq.size, rq.op == op_pingpong_spin))
+                    throw std::runtime_error("ping-pong ended early");
                 write_all(fd, buf.data(), rq.size);
             }
         } else if (rq.op == op_stream) {
@@ -193,17 +197,18 @@ int run_client(const Options& o) {
     std::string lat_json, bw_json;
     std::vector<char> buf(4u << 20, 'x');
     std::vector<double> rtt(o.iters);  // preallocated: nothing allocates in the timed loop
-    std::printf("# Linux kernel TCP to %s:%d (blocking sockets, TCP_NODELAY)\n", o.host.c_str(), o.port);
+    std::printf("# Linux kernel TCP to %s:%d (TCP_NODELAY; ping-pong %s)\n", o.host.c_str(), o.port,
+                o.spin ? "busy-polling recv(MSG_DONTWAIT) at both ends" : "blocking recv()");
     std::printf("%-8s %10s %12s %12s %12s\n", "bytes", "iters", "half-RTT min", "median us", "p99 us");
     for (const std::uint32_t size : o.sizes) {
         if (size == 0 || size > buf.size()) continue;
         const int fd = connect_to(o);
-        const Request rq{op_pingpong, size, std::uint64_t{o.warmup} + o.iters};
+        const Request rq{o.spin ? op_pingpong_spin : op_pingpong, size, std::uint64_t{o.warmup} + o.iters};
         write_all(fd, &rq, sizeof rq);
         for (unsigned i = 0; i < o.warmup + o.iters; ++i) {
             const auto t0 = Clock::now();
             write_all(fd, buf.data(), size);
-            if (!read_all(fd, buf.data(), size)) throw std::runtime_error("server closed during ping-pong");
+            if (!read_all(fd, buf.data(), size, o.spin)) throw std::runtime_error("server closed during ping-pong");
             const auto t1 = Clock::now();
             if (i >= o.warmup) rtt[i - o.warmup] = std::chrono::duration<double, std::micro>(t1 - t0).count();
         }
@@ -293,7 +298,7 @@ int main(int argc, char** argv) {
                      std::strcmp(argv[1], "quit") != 0)) {
         std::fprintf(stderr,
                      "usage: %s server --port P [--cpu N] [--timeout S]\n"
-                     "       %s client --host ADDR --port P [--cpu N] [--timeout S] [--sizes 64,...] [--iters N]\n"
+                     "       %s client --host ADDR --port P [--cpu N] [--timeout S] [--sizes 64,...] [--iters N] [--spin]\n"
                      "                 [--warmup N] [--stream-sizes 64,65536,...] [--stream-ms N] [--stream-reps N] "
                      "[--json FILE]\n"
                      "       %s quit --host ADDR --port P   (stops a server)\n",
@@ -304,6 +309,10 @@ int main(int argc, char** argv) {
     quit = std::strcmp(argv[1], "quit") == 0;
     for (int i = 2; i < argc; ++i) {
         const std::string a = argv[i];
+        if (a == "--spin") {
+            o.spin = true;
+            continue;
+        }
         if (i + 1 >= argc) {
             std::fprintf(stderr, "kernel_tcp: %s needs a value\n", a.c_str());
             return 2;

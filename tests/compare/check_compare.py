@@ -56,6 +56,7 @@ soft = {"runs": {"send-lat": {"results": lat}, "write-bw": {"results": bw},
 floor = {"lat": [{"bytes": 64, "half_rtt_median_us": 1.05, "half_rtt_p99_us": 2.0, "rtt_median_us": 2.1, "mtu": 1500}],
          "bw": [{"bytes": 1500, "gb_s": 1.6, "mpps": 1.0, "mtu": 1500}, {"bytes": 64, "gb_s": 0.3, "mpps": 5.0, "mtu": 1500}]}
 kernel = {"lat": [{"bytes": 64, "half_rtt_median_us": 21.0, "half_rtt_p99_us": 40.0, "rtt_median_us": 42.0}],
+          "lat_spin": [{"bytes": 64, "half_rtt_median_us": 6.5, "half_rtt_p99_us": 9.0, "rtt_median_us": 13.0}],
           "bw": [{"bytes": 65536, "gb_s": 0.4, "mmsg_s": 0.006}, {"bytes": 64, "gb_s": 0.016, "mmsg_s": 0.25}]}
 rows = compare.build_rows(floor, kernel, soft, 1500)
 by = {r[0]: r[1:] for r in rows}
@@ -64,6 +65,9 @@ check(r[3:] == (1.05, 21.0, 5.25), "64 B half-RTT row takes floor/kernel medians
 check(abs(compare.ratio(r[5], r[3]) - 5.0) < 1e-9 and compare.versus(r[5], r[4], r[2]) == "4.00x better",
       "latency ratios: softrdma/floor 5.00, 4.00x better than kernel TCP")
 check(by["half_rtt_64_p99"][3:] == (2.0, 40.0, 9.5), "p99 row takes the p99 figures")
+check(by["half_rtt_64_kspin"][3:] == (1.05, 6.5, 5.25), "busy-polling row takes the kernel's spinning ping-pong")
+check(compare.build_rows(floor, {"lat": kernel["lat"], "bw": kernel["bw"]}, None, 1500)[1][5] is None,
+      "a kernel result without the busy-polling run leaves that cell empty")
 r = by["bw_64k"]
 check(abs(r[5] - 0.8) < 1e-9 and r[3] == 1.6 and compare.versus(r[5], r[4], r[2]) == "2.00x better",
       "64 KiB bandwidth row: MiB/s -> GB/s (762.94 MiB/s = 0.8 GB/s), floor at 1500 B frames, 2.00x better")
