@@ -15,7 +15,6 @@ The module is importable (tests/compare/check_compare.py uses parse_rdma_perf an
 import argparse
 import datetime
 import json
-import math
 import os
 import re
 import shutil
@@ -118,10 +117,12 @@ def measure_floor(a, out):
     merged = {"tool": "memif_floor", "lat": [], "bw": []}
     runs = [("1500", small, ["64", "1500"] if q else ["64", "256", "1024", "1500"])]
     if not q or a.mtu == 9000:
-        runs.append(("9000", ["4096", "9000"] if q else ["2048", "4096", "8192", "9000"], ["9000"] if q else ["4096", "9000"]))
+        runs.append(("9000", ["4096", "9000"] if q else ["2048", "4096", "8192", "9000"],
+                     ["9000"] if q else ["4096", "9000"]))
     for mtu, sizes, stream in runs:
         path = os.path.join(out, "raw", f"floor-mtu{mtu}.json")
-        run([exe, "--mtu", mtu, "--sizes", ",".join(sizes), "--stream-sizes", ",".join(stream), "--json", path] + common,
+        run([exe, "--mtu", mtu, "--sizes", ",".join(sizes), "--stream-sizes", ",".join(stream), "--json", path]
+            + common,
             90 if q else 240, os.path.join(out, "raw", f"floor-mtu{mtu}.log"))
         with open(path) as f:
             d = json.load(f)
@@ -241,7 +242,8 @@ def parse_rdma_perf(path):
     need = ("t_typical_us", "p99_us") if d["kind"] == "lat" else ("bw_avg_mib_s", "msg_rate_mpps")
     by_size = {}
     for r in d["results"]:
-        if not isinstance(r, dict) or not isinstance(r.get("bytes"), int) or not all(isinstance(r.get(k), (int, float)) for k in need):
+        if not isinstance(r, dict) or not isinstance(r.get("bytes"), int) or \
+                not all(isinstance(r.get(k), (int, float)) for k in need):
             raise MeasureError(f"{path}: a result lacks bytes or {'/'.join(need)}: {r}")
         by_size[r["bytes"]] = r
     if not by_size:
@@ -302,7 +304,8 @@ def measure_softrdma(a, out):
 
 def pick(entries, size, key, mtu=None):
     for e in entries or []:
-        if e.get("bytes") == size and (mtu is None or e.get("mtu", mtu) == mtu) and isinstance(e.get(key), (int, float)):
+        if e.get("bytes") == size and (mtu is None or e.get("mtu", mtu) == mtu) and \
+                isinstance(e.get(key), (int, float)):
             return float(e[key])
     return None
 
@@ -369,7 +372,8 @@ def fmt(v):
 
 
 def render(rows, status, meta):
-    head = ["", "unit", "raw memif floor", "kernel TCP (veth)", "softrdma", "softrdma / floor", "softrdma vs kernel TCP"]
+    head = ["", "unit", "raw memif floor", "kernel TCP (veth)", "softrdma", "softrdma / floor",
+            "softrdma vs kernel TCP"]
     body = []
     for _key, label, unit, better, f, k, s in rows:
         r = ratio(s, f)
@@ -379,13 +383,14 @@ def render(rows, status, meta):
     md = ["| " + " | ".join(head) + " |", "|" + "|".join(" --- " for _ in head) + "|"]
     md += ["| " + " | ".join(line) + " |" for line in body]
     notes = [f"- {name}: {msg}" for name, msg in status.items() if msg != "ok"]
-    notes.append(f"- {meta['when']}, {meta['host']}, {meta['cpus']} CPUs, load average at start {meta['load_start']:.2f}"
-                 f" (end {meta['load_end']:.2f}); {'--quick (short runs)' if meta['quick'] else 'full run'}, MTU {meta['mtu']}")
+    notes.append(f"- {meta['when']}, commit {meta['commit'] or 'unknown'}, {meta['host']}, {meta['cpus']} CPUs, "
+                 f"load average at start {meta['load_start']:.2f} (end {meta['load_end']:.2f}); "
+                 f"{'--quick (short runs)' if meta['quick'] else 'full run'}, MTU {meta['mtu']}")
     if meta["load_start"] > 1.0 or meta["load_end"] > 1.0:
         notes.append("- other work was running on this 2-core machine during the run: figures are noisy")
     notes.append("- medians from this run; latency lower is better, bandwidth and message rate higher is better; "
-                 "the floor is io/ alone (no stack); kernel TCP is TCP_NODELAY sockets between two namespaces on a veth "
-                 "pair, blocking in recv() except in the busy-polling row (recv(MSG_DONTWAIT) at both ends); "
+                 "the floor is io/ alone (no stack); kernel TCP is TCP_NODELAY sockets between two namespaces on a "
+                 "veth pair, blocking in recv() except in the busy-polling row (recv(MSG_DONTWAIT) at both ends); "
                  "softrdma busy-polls (rdma_perf)")
     return text, "\n".join(md), notes
 
@@ -401,11 +406,13 @@ def series(floor, kernel, softrdma):
     if kernel:
         out["kernel TCP"] = (sorted((e["bytes"], e["half_rtt_median_us"]) for e in kernel["lat"]),
                              sorted((e["bytes"], e["gb_s"]) for e in kernel["bw"]))
-        out["kernel TCP, busy-polling"] = (sorted((e["bytes"], e["half_rtt_median_us"]) for e in kernel.get("lat_spin", [])), [])
+        spin = kernel.get("lat_spin", [])
+        out["kernel TCP, busy-polling"] = (sorted((e["bytes"], e["half_rtt_median_us"]) for e in spin), [])
     if softrdma:
         runs = softrdma["runs"]
         lat = sorted((b, r["t_typical_us"]) for b, r in runs.get("send-lat", {}).get("results", {}).items())
-        bw = sorted((b, mib_s_to_gb_s(r["bw_avg_mib_s"])) for b, r in runs.get("write-bw", {}).get("results", {}).items())
+        bw = sorted((b, mib_s_to_gb_s(r["bw_avg_mib_s"]))
+                    for b, r in runs.get("write-bw", {}).get("results", {}).items())
         out["softrdma"] = (lat, bw)
     return out
 
@@ -415,7 +422,7 @@ def plot(data, out, title):
     gp = shutil.which("gnuplot")
     if gp is None:
         return "gnuplot not found (scripts/setup installs gnuplot-nox): no plot"
-    cmds = [f"set terminal pngcairo size 1400,560 font ',10'", f"set output '{os.path.join(out, 'compare.png')}'",
+    cmds = ["set terminal pngcairo size 1400,560 font ',10'", f"set output '{os.path.join(out, 'compare.png')}'",
             "set multiplot layout 1,2 title " + json.dumps(title), "set logscale x 2", "set grid",
             "set key top left", "set xlabel 'message / frame payload bytes'",
             "set xtics (" + ", ".join(f'"{n}" {v}' for n, v in (
@@ -452,6 +459,20 @@ def plot(data, out, title):
 
 # ---- main -----------------------------------------------------------------------------------------------
 
+def source_revision(top):
+    """The commit measured, with '+changes' when the work tree differs from it (None outside git)."""
+    try:
+        rev = subprocess.run(["git", "-C", top, "rev-parse", "--short", "HEAD"], stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, text=True, timeout=10)
+        if rev.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "-C", top, "status", "--porcelain", "--untracked-files=no"],
+                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, timeout=20)
+        return rev.stdout.strip() + ("+changes" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
 def on_signal(signum, _frame):
     raise KeyboardInterrupt(f"signal {signum}")
 
@@ -486,6 +507,7 @@ def main(argv=None):
         signal.signal(s, on_signal)
 
     meta = {"when": now.strftime("%Y-%m-%d %H:%M UTC"), "host": os.uname().nodename, "cpus": os.cpu_count(),
+            "commit": source_revision(a.source),
             "load_start": os.getloadavg()[0], "quick": a.quick, "mtu": a.mtu, "threading": a.threading}
     results, status = {"floor": None, "kernel": None, "softrdma": None}, {}
     parts = [("floor", measure_floor), ("kernel", measure_kernel), ("softrdma", measure_softrdma)]

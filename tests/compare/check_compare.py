@@ -54,7 +54,8 @@ soft = {"runs": {"send-lat": {"results": lat}, "write-bw": {"results": bw},
                  "send-bw": {"results": {64: {"bytes": 64, "bw_avg_mib_s": 50.0, "msg_rate_mpps": 0.5,
                                               "bw_peak_mib_s": 60.0}}}}}
 floor = {"lat": [{"bytes": 64, "half_rtt_median_us": 1.05, "half_rtt_p99_us": 2.0, "rtt_median_us": 2.1, "mtu": 1500}],
-         "bw": [{"bytes": 1500, "gb_s": 1.6, "mpps": 1.0, "mtu": 1500}, {"bytes": 64, "gb_s": 0.3, "mpps": 5.0, "mtu": 1500}]}
+         "bw": [{"bytes": 1500, "gb_s": 1.6, "mpps": 1.0, "mtu": 1500},
+                {"bytes": 64, "gb_s": 0.3, "mpps": 5.0, "mtu": 1500}]}
 kernel = {"lat": [{"bytes": 64, "half_rtt_median_us": 21.0, "half_rtt_p99_us": 40.0, "rtt_median_us": 42.0}],
           "lat_spin": [{"bytes": 64, "half_rtt_median_us": 6.5, "half_rtt_p99_us": 9.0, "rtt_median_us": 13.0}],
           "bw": [{"bytes": 65536, "gb_s": 0.4, "mmsg_s": 0.006}, {"bytes": 64, "gb_s": 0.016, "mmsg_s": 0.25}]}
@@ -115,7 +116,8 @@ check(rd["floor"] < rd["kernel_tcp"], f"floor 64 B round trip {rd['floor']} us <
 check(lat["floor"] < 100, f"floor 64 B half-RTT {lat['floor']} us below 100 us (memif, no stack)")
 if st.get("softrdma") == "ok":
     check(lat["softrdma"] > lat["floor"], f"softrdma half-RTT {lat['softrdma']} us above the floor {lat['floor']} us")
-    check(rd["softrdma"] > rd["floor"], f"softrdma READ {rd['softrdma']} us above the floor round trip {rd['floor']} us")
+    check(rd["softrdma"] > rd["floor"],
+          f"softrdma READ {rd['softrdma']} us above the floor round trip {rd['floor']} us")
     bwr = rows["bw_64k"]
     load = max(doc["meta"]["load_start"], doc["meta"]["load_end"])
     if load < 2.5:
@@ -128,12 +130,14 @@ with open(os.path.join(out, "compare.png"), "rb") as f:
     check(f.read(8) == b"\x89PNG\r\n\x1a\n", "compare.png is a PNG")
 with open(os.path.join(out, "compare.md")) as f:
     md = f.read()
-check("| raw memif floor | kernel TCP (veth) | softrdma |" in md and "64 B half round trip" in md, "compare.md has the table")
+check("| raw memif floor | kernel TCP (veth) | softrdma |" in md and "64 B half round trip" in md,
+      "compare.md has the table")
 
 
 def our_namespaces(pid):
     r = subprocess.run(["ip", "netns", "list"], stdout=subprocess.PIPE, text=True, timeout=10)
-    return [line.split()[0] for line in r.stdout.splitlines() if line.startswith(compare.NS_PREFIX) and line.split()[0].endswith(str(pid))]
+    names = [line.split()[0] for line in r.stdout.splitlines() if line.startswith(compare.NS_PREFIX)]
+    return [n for n in names if n.endswith(str(pid))]
 
 
 # ---- 3. an interrupted run leaves nothing behind ------------------------------------------------------
