@@ -656,6 +656,17 @@ private:
             if (!down) std::fprintf(stderr, "rdma_perf %s: no disconnect event\n", server_ ? "server" : "client");
         }
         ctx_->run_until([] { return false; }, 50ms);
+        if (o_.verbose) {
+            const auto& pc = ctx_->port().counters();
+            const auto& sc = ctx_->stack().counters();
+            const rte_eth_stats ds = ctx_->port().device_stats();
+            std::fprintf(stderr, "# %s: port rx %llu tx %llu tx_refused %llu imissed %llu | stack rx_dropped %llu "
+                                 "tx_dropped %llu | %s\n",
+                         server_ ? "server" : "client", static_cast<unsigned long long>(pc.rx_packets),
+                         static_cast<unsigned long long>(pc.tx_packets), static_cast<unsigned long long>(pc.tx_refused),
+                         static_cast<unsigned long long>(ds.imissed), static_cast<unsigned long long>(sc.rx_dropped),
+                         static_cast<unsigned long long>(sc.tx_dropped), ctx_->stack().protocol_counters().c_str());
+        }
         if (cq_ && cq_->overruns() != 0) {
             std::fprintf(stderr, "rdma_perf: CQ overruns %llu\n", static_cast<unsigned long long>(cq_->overruns()));
             rc = rc == 0 ? 4 : rc;
