@@ -1,8 +1,10 @@
 // SPDX-License-Identifier: MIT
 #include "io/port.hpp"
 
+#include <sched.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <thread>
 
@@ -26,6 +28,19 @@ constexpr unsigned kPoolCache = 256;          // per-lcore mempool cache (DPDK's
 // TX queue (stack::Stack::kTxQueue = 1024). Busy connections consume their data promptly; beyond this, RX drops and TCP resends.
 constexpr std::uint32_t kStackHeldFrames = 4096;
 
+// memif ring geometry we ask for: 2^11 slots per direction; one buffer holds a whole frame (no descriptor
+// chains) up to 9000-byte MTUs.
+constexpr unsigned kMemifLog2Ring = 11;
+unsigned memif_buffer_size(std::uint16_t mtu) { return mtu + kEthHeader > 2048 ? 10240 : 2048; }
+
+// close(): how long bursts in flight may take to leave the gate, and DPDK's interrupt thread to finish a
+// memif disconnect.
+constexpr std::chrono::milliseconds kGateTimeout{1000};
+constexpr std::chrono::milliseconds kDisconnectTimeout{2000};
+// How often the memif link watcher looks at the link. While the peer's disconnect waits for us (the
+// driver's interrupt thread spins on the lock we hold), this is how long it waits.
+constexpr std::chrono::microseconds kWatchPeriod{1000};
+
 std::string format_mac(const MacAddress& m) {
     char buf[18];
     std::snprintf(buf, sizeof buf, "%02x:%02x:%02x:%02x:%02x:%02x", m[0], m[1], m[2], m[3], m[4], m[5]);
@@ -48,11 +63,10 @@ DeviceArgs device_args(const PortConfig& cfg) {
         if (!cfg.has_mac)
             mac = {0x02, 0x53, 0x52, 0x00, static_cast<std::uint8_t>(cfg.memif_id),
                    static_cast<std::uint8_t>(cfg.memif_server ? 1 : 2)};
-        // bsize: one memif buffer holds a whole frame (no descriptor chains) up to 9000-byte MTUs.
-        const unsigned bsize = cfg.mtu + kEthHeader > 2048 ? 10240 : 2048;
         return {name + ",role=" + (cfg.memif_server ? "server" : "client") + ",id=" +
                     std::to_string(cfg.memif_id) + ",socket=" + cfg.memif_socket + ",mac=" + format_mac(mac) +
-                    ",bsize=" + std::to_string(bsize) + ",rsize=11",  // 2048 slots per direction
+                    ",bsize=" + std::to_string(memif_buffer_size(cfg.mtu)) +
+                    ",rsize=" + std::to_string(kMemifLog2Ring),
                 name};
     }
     case Backend::af_packet: {
@@ -83,23 +97,150 @@ std::uint32_t data_room_for(std::uint16_t mtu) {
 std::string to_string(const MacAddress& mac) { return format_mac(mac); }
 
 Port::Port(std::uint16_t port_id, std::string name, const PortConfig& cfg)
-    : port_id_(port_id), name_(std::move(name)), mtu_(cfg.mtu),
-      memif_(cfg.backend == Backend::memif) {}
+    : port_id_(port_id), name_(std::move(name)), mtu_(cfg.mtu), memif_(cfg.backend == Backend::memif),
+      memif_client_(memif_ && !cfg.memif_server),
+      vdev_(cfg.backend != Backend::device || cfg.device.find(',') != std::string::npos ||
+            cfg.device.rfind("net_", 0) == 0) {}
 
 Port::~Port() {
-    if (started_) {
-        // DPDK 22.11's memif frees its shared regions a second time ("EAL: Error: Invalid memory") when it
-        // is stopped after its interrupt thread already handled the peer's disconnect; and ethdev will not
-        // close a started port. So a memif port whose peer is already gone is left to process exit, which
-        // releases its memory and socket; every other port is stopped and closed.
-        if (!memif_ || link_up()) {
-            rte_eth_dev_stop(port_id_);
-            rte_eth_dev_close(port_id_);
+    // The pool outlives nothing that uses it: the stack returns every mbuf before the Port goes. A port left
+    // to process exit may still reference it, so its pool stays too.
+    if (close() == CloseResult::clean && pool_ != nullptr) rte_mempool_free(pool_);
+}
+
+// ---- the burst gate and the memif link watcher ------------------------------------------------------------
+
+void Port::open_gate(std::chrono::steady_clock::time_point deadline) {
+    if (guard_.attached()) {
+        // The driver holds the lock only inside memif_disconnect (a peer that left at once): retry briefly.
+        while (!guard_.try_hold()) {
+            if (std::chrono::steady_clock::now() >= deadline)
+                throw Error("memif " + name_ + ": the driver's control channel stayed busy (peer left at once?)");
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+        stop_watcher_.store(false);
+        const std::string thread_name = "sr-link-" + std::to_string(port_id_);
+        if (rte_ctrl_thread_create(&watcher_, thread_name.c_str(), nullptr, &Port::watch_link_main, this) != 0)
+            throw Error("cannot start the link watcher thread of " + name_);
+        watcher_running_ = true;
+    }
+    open_.store(true);
+}
+
+// Shuts the gate and waits until no burst is between its gate and its return. Pairs with the bursts: each
+// stores its busy flag, then loads open_ (all seq_cst); here open_ is stored, then the busy flags loaded. So
+// either the burst sees the gate shut, or we see it busy and wait.
+bool Port::shut_gate(std::chrono::milliseconds limit) noexcept {
+    open_.store(false);
+    const auto deadline = std::chrono::steady_clock::now() + limit;
+    while (rx_busy_.load() || tx_busy_.load()) {
+        if (std::chrono::steady_clock::now() >= deadline) return false;
+        sched_yield();  // a burst lasts microseconds; its thread may just be preempted
+    }
+    return true;
+}
+
+void* Port::watch_link_main(void* self) noexcept {
+    static_cast<Port*>(self)->watch_link();
+    return nullptr;
+}
+
+// memif only, on a DPDK control thread. While the link is up we hold the driver's lock and the gate is open.
+// When the peer leaves, the driver marks the link down and its interrupt thread waits for the lock: shut the
+// gate, wait for bursts in flight, release the lock (the driver unmaps now). If a new peer connects (memif
+// server), take the lock again and reopen.
+void Port::watch_link() noexcept {
+    while (!stop_watcher_.load(std::memory_order_acquire)) {
+        std::this_thread::sleep_for(kWatchPeriod);
+        const bool up = link_up();
+        if (guard_.held() && !up) {
+            if (!shut_gate(kGateTimeout)) continue;  // a burst still inside: keep the lock, try again
+            guard_.release();
+            link_losses_.fetch_add(1, std::memory_order_relaxed);
+        } else if (!guard_.held() && up && guard_.try_hold()) {
+            // Link seen up, then the lock taken: a disconnect starting now waits for us; one that already
+            // passed the lock cleared the driver's CONNECTED flag first, so bursts return at once.
+            open_.store(true);
         }
     }
+}
+
+void Port::stop_watcher() noexcept {
+    if (!watcher_running_) return;
+    stop_watcher_.store(true, std::memory_order_release);
+    pthread_join(watcher_, nullptr);
+    watcher_running_ = false;
+}
+
+// memif with the guard, gate shut, watcher stopped: take the lock (if the watcher had released it), refuse
+// new connections and shut the control channel, release, and wait for the interrupt thread's disconnect.
+Port::CloseResult Port::finish_memif_link() noexcept {
+    auto deadline = std::chrono::steady_clock::now() + kGateTimeout;
+    while (!guard_.try_hold()) {
+        if (std::chrono::steady_clock::now() >= deadline) {
+            spdlog::error("softrdma: {}: memif's control channel stayed locked; left to process exit", name_);
+            return CloseResult::left_to_exit;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    guard_.shut_channel();
+    guard_.release();
+    deadline = std::chrono::steady_clock::now() + kDisconnectTimeout;
+    while (!guard_.settled()) {
+        if (std::chrono::steady_clock::now() >= deadline) {
+            spdlog::error("softrdma: {}: memif's disconnect did not finish in {} ms; left to process exit", name_,
+                          kDisconnectTimeout.count());
+            return CloseResult::left_to_exit;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return CloseResult::clean;
+}
+
+Port::CloseResult Port::close() noexcept {
+    if (closed_) return close_result_;
+    closed_ = true;
+    stop_watcher();
+    close_result_ = CloseResult::left_to_exit;
+    if (!shut_gate(kGateTimeout)) {
+        spdlog::error("softrdma: {}: a burst was still inside the driver after {} ms; port left to process exit",
+                      name_, kGateTimeout.count());
+        return close_result_;  // never stop a port under a running burst
+    }
+    if (started_) {
+        if (guard_.attached()) {
+            if (finish_memif_link() != CloseResult::clean) return close_result_;
+        } else if (memif_ && !link_up()) {
+            // No guard (not DPDK 22.11, see attach_guard): stopping could free the regions a second time if
+            // the interrupt thread handled the peer's disconnect, so the port is left to process exit.
+            return close_result_;
+        }
+        if (rte_eth_dev_stop(port_id_) != 0 || rte_eth_dev_close(port_id_) != 0) {
+            spdlog::error("softrdma: {}: DPDK refused to stop or close the port", name_);
+            return close_result_;
+        }
+        if (vdev_ && !device_name_.empty()) rte_eal_hotplug_remove("vdev", device_name_.c_str());
+    }
     if (capture_) capture_->flush();
-    // The pool outlives nothing that uses it: the stack returns every mbuf before the Port goes.
-    if (pool_ != nullptr) rte_mempool_free(pool_);
+    close_result_ = CloseResult::clean;
+    return close_result_;
+}
+
+void Port::attach_guard(const PortConfig& cfg) {
+    detail::MemifExpect expect;
+    expect.socket = cfg.memif_socket;
+    expect.server = cfg.memif_server;
+    expect.id = cfg.memif_id;
+    expect.buffer_size = static_cast<std::uint16_t>(memif_buffer_size(cfg.mtu));
+    expect.log2_ring_size = kMemifLog2Ring;
+    std::string why;
+    if (!guard_.attach(port_id_, name_, expect, why)) {
+        static std::atomic<bool> said{false};
+        if (!said.exchange(true))
+            spdlog::warn("softrdma: no memif teardown guard ({}): a peer leaving while this process polls may "
+                         "crash it (DPDK 22.11 memif), and ports whose peer left are not closed",
+                         why);
+    }
 }
 
 void Port::start(const PortConfig& cfg) {
@@ -133,7 +274,9 @@ void Port::start(const PortConfig& cfg) {
         while (n < need + 1) n <<= 1;
         n -= 1;
     }
-    const std::string pool_name = "softrdma_p" + std::to_string(port_id_);
+    // Unique per process: a closed port's id is reused by the next port while the old Port may still exist.
+    static std::atomic<unsigned> pools{0};
+    const std::string pool_name = "softrdma_p" + std::to_string(port_id_) + "_" + std::to_string(pools++);
     pool_ = rte_pktmbuf_pool_create(pool_name.c_str(), n, kPoolCache, 0,
                                     static_cast<std::uint16_t>(data_room_for(cfg.mtu)), rte_socket_id());
     if (pool_ == nullptr)
@@ -172,6 +315,8 @@ void Port::start(const PortConfig& cfg) {
                                cfg.memif_socket + "?)"
                          : std::string()));
     started_ = true;
+    if (rte_eth_dev_info_get(port_id_, &info) == 0 && info.device != nullptr) device_name_ = rte_dev_name(info.device);
+    if (memif_) attach_guard(cfg);
 
     rte_ether_addr a{};
     rte_eth_macaddr_get(port_id_, &a);
@@ -179,15 +324,25 @@ void Port::start(const PortConfig& cfg) {
     if (!cfg.capture_path.empty()) capture_ = std::make_unique<PcapWriter>(cfg.capture_path);
     wait_link(std::chrono::duration_cast<std::chrono::milliseconds>(
         std::max(deadline - std::chrono::steady_clock::now(), std::chrono::steady_clock::duration{0})));
+    open_gate(deadline + std::chrono::seconds(1));
 }
 
 void Port::wait_link(std::chrono::milliseconds timeout) {
     const auto deadline = std::chrono::steady_clock::now() + timeout;
+    bool running = true;
     while (!link_up()) {
         if (std::chrono::steady_clock::now() >= deadline)
             throw Error("link of " + name_ + " still down after the link timeout: the peer never appeared "
                         "(for memif: start the other process with the same socket and the opposite role; "
                         "for af_packet: bring the interface up)");
+        // A memif server's socket accepts connections from its creation, but refuses them ("ID not found")
+        // until the port is started; a client that came in between has its handshake ended and the driver does
+        // not try again. Once that disconnect is over (settled: nothing left for the interrupt thread), stopping
+        // is safe: connect again.
+        if (memif_client_ && guard_.attached() && (!running || guard_.settled())) {
+            if (running) rte_eth_dev_stop(port_id_);
+            running = rte_eth_dev_start(port_id_) == 0;
+        }
         std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
 }

@@ -2,14 +2,26 @@
 // One DPDK Ethernet port with one RX and one TX queue, behind a small interface. The backend (memif,
 // af_packet, ring, or a real device) is chosen at run time from PortConfig.
 //
-// Threads: rx_burst() may be called by one thread and tx_burst() by one (possibly other) thread; nothing
-// here touches lwIP. Counters are written only by the thread of their direction.
+// Threads (one RX queue, one TX queue):
+// - rx_burst() is called by one thread at a time (e.g. a dedicated RX thread) and tx_burst() by one thread
+//   at a time (possibly another). Their counters are written only by that direction's thread. Nothing here
+//   touches lwIP.
+// - Each burst passes a gate: an atomic "busy" flag of its direction, then the port's "open" flag, both
+//   seq_cst (no lock, no allocation). Once the link goes down or close() begins, the gate is shut and bursts
+//   return 0 without entering the driver (tx frames stay with the caller, counted as tx_refused).
+// - close() may run on any thread, even while other threads still poll: it shuts the gate and waits (up to
+//   1 s) for bursts in flight to leave. The Port object itself must outlive every thread that calls it.
+// - alloc(), link_up(), mbufs_in_use(), device_stats(): any thread.
+// - memif: a control thread per port ("sr-link-<port>") watches the link every millisecond; see close() and
+//   io/memif_guard.cpp for why DPDK 22.11's memif needs it.
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <pthread.h>
 #include <span>
 #include <string>
 
@@ -18,6 +30,7 @@
 
 #include "io/eal.hpp"
 #include "io/error.hpp"
+#include "io/memif_guard.hpp"
 
 namespace softrdma::io {
 
@@ -71,19 +84,45 @@ public:
 
     // Receives up to out.size() frames. Ownership: each returned mbuf now belongs to the caller, who must
     // rte_pktmbuf_free() it (or hand it on, saying who frees it).
+    // Returns 0 once the link is down or the port is closing (see Threads).
     std::uint16_t rx_burst(std::span<rte_mbuf*> out) noexcept {
-        const auto n = rte_eth_rx_burst(port_id_, 0, out.data(), static_cast<std::uint16_t>(out.size()));
-        if (n != 0) account_rx(out.first(n));
+        std::uint16_t n = 0;
+        rx_busy_.store(true);  // seq_cst, before reading open_: pairs with shut_gate()
+        if (open_.load()) [[likely]] {
+            n = rte_eth_rx_burst(port_id_, 0, out.data(), static_cast<std::uint16_t>(out.size()));
+            if (n != 0) account_rx(out.first(n));
+        }
+        rx_busy_.store(false, std::memory_order_release);
         return n;
     }
     // Queues frames for transmission. Ownership: the first `return value` mbufs now belong to the driver;
-    // the rest stay with the caller (retry or free).
+    // the rest stay with the caller (retry or free). Once the link is down or the port is closing, none are
+    // taken (see Threads).
     std::uint16_t tx_burst(std::span<rte_mbuf*> frames) noexcept {
-        if (capture_) [[unlikely]] capture_tx(frames);  // before the driver may free them
-        const auto n = rte_eth_tx_burst(port_id_, 0, frames.data(), static_cast<std::uint16_t>(frames.size()));
+        std::uint16_t n = 0;
+        tx_busy_.store(true);  // seq_cst, before reading open_: pairs with shut_gate()
+        if (open_.load()) [[likely]] {
+            if (capture_) [[unlikely]] capture_tx(frames);  // before the driver may free them
+            n = rte_eth_tx_burst(port_id_, 0, frames.data(), static_cast<std::uint16_t>(frames.size()));
+        }
         account_tx(frames, n);
+        tx_busy_.store(false, std::memory_order_release);
         return n;
     }
+
+    enum class CloseResult {
+        clean,         // stopped and closed; the device is gone, the mbuf pool holds what it held before
+        left_to_exit,  // could not be closed safely (see close()); released at process exit
+    };
+    // Ordered teardown, whether or not the peer is still there: shut the burst gate and wait for bursts in
+    // flight, then (memif) let DPDK's interrupt thread alone finish the link's disconnect, then stop, close
+    // and remove the device. Idempotent; the destructor calls it. left_to_exit (with a log line saying why)
+    // when a burst is still inside the driver after 1 s or the driver's disconnect does not finish within
+    // 2 s: then nothing is unmapped under anyone, and the process exit releases the port.
+    CloseResult close() noexcept;
+    bool closed() const noexcept { return closed_; }
+    // Times the link went down under this port (the peer left) while it was open.
+    unsigned link_losses() const noexcept { return link_losses_.load(std::memory_order_relaxed); }
 
     // An mbuf from this port's pool (nullptr when the pool is empty). Ownership: the caller's.
     rte_mbuf* alloc() noexcept { return rte_pktmbuf_alloc(pool_); }
@@ -112,6 +151,13 @@ private:
     Port(std::uint16_t port_id, std::string name, const PortConfig& cfg);
     void start(const PortConfig& cfg);
     void wait_link(std::chrono::milliseconds timeout);
+    void attach_guard(const PortConfig& cfg);
+    void open_gate(std::chrono::steady_clock::time_point deadline);
+    bool shut_gate(std::chrono::milliseconds limit) noexcept;
+    static void* watch_link_main(void* self) noexcept;
+    void watch_link() noexcept;
+    void stop_watcher() noexcept;
+    CloseResult finish_memif_link() noexcept;
     void account_rx(std::span<rte_mbuf* const> frames) noexcept;
     void account_tx(std::span<rte_mbuf* const> frames, std::uint16_t sent) noexcept;
     void capture_tx(std::span<rte_mbuf* const> frames) noexcept;
@@ -123,6 +169,24 @@ private:
     std::uint16_t mtu_ = 1500;
     bool started_ = false;
     bool memif_ = false;
+    bool memif_client_ = false;
+    bool vdev_ = false;  // created on DPDK's vdev bus: removed from it when closed, so it can be opened again
+    std::string device_name_;  // DPDK's device behind the port
+    bool closed_ = false;
+    CloseResult close_result_ = CloseResult::clean;
+    // The burst gate (see Threads). open_: bursts may enter the driver; written by the control side only
+    // (start, the link watcher, close). rx_busy_/tx_busy_: a burst of that direction is between its gate
+    // and its return; each written only by its direction's thread. Separate cache lines: two writers.
+    std::atomic<bool> open_{false};
+    alignas(64) std::atomic<bool> rx_busy_{false};
+    alignas(64) std::atomic<bool> tx_busy_{false};
+    alignas(64) std::atomic<unsigned> link_losses_{0};
+    // memif only: the driver's control-channel lock, held while the gate may be open (memif_guard.hpp), and
+    // the control thread that watches the link. Control side only.
+    detail::MemifGuard guard_;
+    pthread_t watcher_{};
+    bool watcher_running_ = false;
+    std::atomic<bool> stop_watcher_{false};
     PortCounters counters_;
     std::unique_ptr<PcapWriter> capture_;
     // Refused frames are a suffix the caller offers again: remember them so the capture records each once.
