@@ -95,6 +95,9 @@ int run(const std::string& socket, bool server) {
         auto end = ctx->wait_cm_event(10s);
         if (!end || end->type != verbs::CmEventType::disconnected) return 17;
     }
+    // The disconnected event comes when the QP is done; TCP's close (our FIN, the peer's FIN acknowledged)
+    // needs a few more turns, or the peer never hears of the end.
+    ctx->run_until([&] { return ctx->stack().active_pcbs() == 0; }, 2s);
     std::fflush(stdout);
     std::this_thread::sleep_for(300ms);  // stop polling before exit (DPDK 22.11 memif teardown race)
     id.reset();
