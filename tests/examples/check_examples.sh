@@ -77,13 +77,13 @@ rping)
 split)
   # --server and --client as two commands (what two machines would run), on a socket of our own.
   sock=/tmp/softrdma-split-$$.sock
-  trap 'rm -f "$sock"' EXIT
   timeout 60 "$exe" --server --memif "$sock" --no-huge --lcores 0 --timeout 20 >/tmp/softrdma-split-$$.server 2>&1 &
   server=$!
+  trap 'kill $server 2>/dev/null; rm -f "$sock" /tmp/softrdma-split-$$.server' EXIT
   sleep 0.3
   run --client --memif "$sock" --no-huge --lcores 1 --iters 200 --warmup 10 --size 512 --timeout 20
   wait $server; src=$?
-  cat /tmp/softrdma-split-$$.server; rm -f /tmp/softrdma-split-$$.server
+  cat /tmp/softrdma-split-$$.server
   [ $src -eq 0 ] || fail "server exit code $src"
   check_percentiles "pingpong: SEND/RECV 512 bytes, half round trip" 200
   ;;

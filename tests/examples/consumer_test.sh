@@ -9,6 +9,7 @@ set -euo pipefail
 src=$(cd "$1" && pwd)
 tmp=$(mktemp -d /tmp/softrdma-consumer.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
+trap 'exit 1' INT TERM  # meson's timeout: still clean up
 step() { echo "== $*"; }
 
 step "configure $tmp/build (--prefix=$tmp/prefix)"
