@@ -98,7 +98,7 @@ except (OSError, ValueError) as e:
     check(False, f"compare.json readable: {e}")
     sys.exit(1)
 st = doc["status"]
-check(st.get("floor") == "ok" and st.get("kernel") == "ok", f"floor and kernel TCP measured: {st}")
+check(st.get("floor", "").startswith("ok") and st.get("kernel") == "ok", f"floor and kernel TCP measured: {st}")
 have_rdma_perf = os.access(os.path.join(build, "bench", "rdma_perf"), os.X_OK)
 if have_rdma_perf:
     check(st.get("softrdma") == "ok", f"softrdma measured with {build}/bench/rdma_perf: {st.get('softrdma')}")
