@@ -97,7 +97,9 @@ TermCode Endpoint::fail(TermCode code, std::span<const std::byte> hdr, std::size
     term_tx_len_ = len;
     term_pending_ = true;
 
-    upper_.on_terminate(TermReport{code, false, a.m, a.d, a.r, std::span<const std::byte>(term_tx_).subspan(kTerminateLen, len - kTerminateLen)});
+    upper_.on_terminate(TermReport{code, false, a.m, a.d, a.r,
+                                   std::span<const std::byte>(term_tx_).subspan(kTerminateLen, len - kTerminateLen),
+                                   std::span<const std::byte>(term_tx_).first(len)});
     flush();
     return code;
 }
@@ -113,6 +115,62 @@ void Endpoint::enter_error_received(TermCode code, const TerminateHeader& th, st
     state_ = State::error;
     error_ = code;
     upper_.on_terminate(TermReport{code, true, th.m, th.d, th.r, attached});
+    flush();
+}
+
+// ---- split endpoints ----------------------------------------------------------------------------------------
+
+std::uint32_t Endpoint::orq_outstanding() const {
+    return cfg_.role == Role::tx ? orq_sent_ : static_cast<std::uint32_t>(orq_.size());
+}
+std::uint32_t Endpoint::irq_outstanding() const {
+    if (cfg_.role == Role::rx && cfg_.answered != nullptr)
+        return irq_in_ - cfg_.answered->load(std::memory_order_acquire);
+    return static_cast<std::uint32_t>(irq_.size());
+}
+void Endpoint::push_orq(const OrqEntry& e) {
+    if (cfg_.role == Role::tx) {
+        ++orq_sent_;
+        upper_.on_request_sent(e);
+    } else {
+        orq_.push(e);
+    }
+}
+void Endpoint::push_irq(const IrqEntry& e) {
+    if (cfg_.role == Role::rx) {
+        ++irq_in_;
+        upper_.on_inbound_request(e);
+    } else {
+        irq_.push(e);
+    }
+}
+void Endpoint::pop_irq() {
+    irq_.pop();
+    if (cfg_.role == Role::tx && cfg_.answered != nullptr) cfg_.answered->fetch_add(1, std::memory_order_release);
+}
+void Endpoint::expect_response(const OrqEntry& e) {
+    if (state_ == State::operational && !orq_.full()) orq_.push(e);  // never full: the tx side keeps ORD
+}
+void Endpoint::request_done() {
+    if (orq_sent_ > 0) --orq_sent_;
+}
+void Endpoint::answer(const IrqEntry& e) {
+    if (state_ == State::operational && !irq_.full()) irq_.push(e);  // never full: the rx side keeps IRD
+}
+void Endpoint::send_terminate(TermCode code, std::span<const std::byte> terminate) {
+    if (state_ == State::error) return;
+    state_ = State::error;
+    error_ = code;
+    const std::size_t n = std::min(terminate.size(), term_tx_.size());
+    std::memcpy(term_tx_.data(), terminate.data(), n);
+    term_tx_len_ = n;
+    term_pending_ = n >= kTerminateLen;
+    flush();
+}
+void Endpoint::stop(TermCode code) {
+    if (state_ == State::error) return;
+    state_ = State::error;
+    error_ = code;
     flush();
 }
 
@@ -166,7 +224,7 @@ bool Endpoint::tx_ready() const {
     if (sq_.empty()) return false;
     const WorkRequest& w = sq_.front();
     const bool request = w.op == WrOp::read || w.op == WrOp::fetch_add || w.op == WrOp::cmp_swap;
-    return !(request && tx_src_ != TxSrc::sq && orq_.size() >= cfg_.ord);
+    return !(request && tx_src_ != TxSrc::sq && orq_outstanding() >= cfg_.ord);
 }
 
 std::size_t Endpoint::max_payload(std::size_t hdr_len) const {
@@ -189,7 +247,7 @@ std::size_t Endpoint::pull_tx(std::span<std::byte> out) {
             } else if (!sq_.empty()) {
                 const WorkRequest& w = sq_.front();
                 const bool request = w.op == WrOp::read || w.op == WrOp::fetch_add || w.op == WrOp::cmp_swap;
-                if (request && orq_.size() >= cfg_.ord) return used;  // ORD credits exhausted: wait
+                if (request && orq_outstanding() >= cfg_.ord) return used;  // ORD credits exhausted: wait
                 tx_src_ = TxSrc::sq;
             } else {
                 return used;
@@ -299,7 +357,7 @@ std::size_t Endpoint::emit_sq(std::span<std::byte> out) {
         const std::size_t n = frame(out, op.hdr_len, 0);
         if (n == 0) return 0;
         ++tx_msn_[kQnReadRequest];
-        orq_.push(OrqEntry{wr.op, wr.signaled, wr.wr_id, wr.local_stag, wr.local_to, wr.read_len, 0});
+        push_orq(OrqEntry{wr.op, wr.signaled, wr.wr_id, wr.local_stag, wr.local_to, wr.read_len, 0});
         finish_sq_head();
         return n;
     }
@@ -324,7 +382,7 @@ std::size_t Endpoint::emit_sq(std::span<std::byte> out) {
         const std::size_t n = frame(out, op.hdr_len, 0);
         if (n == 0) return 0;
         ++tx_msn_[kQnReadRequest];
-        orq_.push(OrqEntry{wr.op, wr.signaled, wr.wr_id, 0, 0, 8, next_req_id_++});
+        push_orq(OrqEntry{wr.op, wr.signaled, wr.wr_id, 0, 0, 8, next_req_id_++});
         finish_sq_head();
         return n;
     }
@@ -343,7 +401,7 @@ std::size_t Endpoint::emit_irq(std::span<std::byte> out) {
         const std::size_t n = frame(out, op.hdr_len, 0);
         if (n == 0) return 0;
         ++tx_msn_[kQnAtomicResponse];
-        irq_.pop();
+        pop_irq();
         tx_src_ = TxSrc::none;
         return n;
     }
@@ -374,7 +432,7 @@ std::size_t Endpoint::emit_irq(std::span<std::byte> out) {
     if (n == 0) return 0;
     tx_sent_ += seg.len;
     if (seg.last) {
-        irq_.pop();
+        pop_irq();
         tx_src_ = TxSrc::none;
     }
     return n;
@@ -527,7 +585,7 @@ ProtoStatus RxHandlers::write_end(Endpoint&) { return std::nullopt; }
 
 // RDMA Read Request (RFC 5040 section 5.2): checked now against IRD and the source region, answered in order.
 ProtoStatus RxHandlers::read_request_header(Endpoint& ep) {
-    if (ep.irq_.size() >= ep.cfg_.ird) return ep.fail_rx(err::o_catastrophic_stream);  // beyond our IRD (as siw)
+    if (ep.irq_outstanding() >= ep.cfg_.ird) return ep.fail_rx(err::o_catastrophic_stream);  // beyond IRD (as siw)
     const ReadRequest rr = ReadRequest::decode(ep.rx_.hdr);
     if (rr.size == 0) return std::nullopt;  // zero-length READ (an RTR): STags not checked (RFC 6581)
     if (rr.src_to > ~std::uint64_t{0} - (rr.size - 1)) return ep.fail_rx(err::p_to_wrap);
@@ -541,11 +599,11 @@ ProtoStatus RxHandlers::read_request_header(Endpoint& ep) {
     return std::nullopt;
 }
 ProtoStatus RxHandlers::read_request_end(Endpoint& ep) {
-    Endpoint::IrqEntry e{};
+    IrqEntry e{};
     e.atomic = false;
     e.rr = ReadRequest::decode(ep.rx_.hdr);
     std::memcpy(e.hdr.data(), ep.rx_.hdr.data(), kReadRequestLen);
-    ep.irq_.push(e);
+    ep.push_irq(e);
     return std::nullopt;
 }
 
@@ -553,7 +611,7 @@ ProtoStatus RxHandlers::read_request_end(Endpoint& ep) {
 // sink TO, and total length = RDMA Read Message Size (siw's checks and codes).
 ProtoStatus RxHandlers::read_response_header(Endpoint& ep) {
     if (ep.orq_.empty() || ep.orq_.front().op != WrOp::read) return ep.fail_rx(err::o_opcode);
-    const Endpoint::OrqEntry& o = ep.orq_.front();
+    const OrqEntry& o = ep.orq_.front();
     const ddp::TaggedHeader& th = ep.rx_.th;
     const std::uint64_t before = ep.tagged_.in_message() ? ep.tagged_.received() : 0;
     if (th.stag != o.sink_stag) return ep.fail_rx(ddp::err::t_invalid_stag);
@@ -565,7 +623,7 @@ ProtoStatus RxHandlers::read_response_header(Endpoint& ep) {
 }
 ProtoStatus RxHandlers::read_response_end(Endpoint& ep) {
     if (!ep.rx_.th.last()) return std::nullopt;
-    const Endpoint::OrqEntry o = ep.orq_.front();
+    const OrqEntry o = ep.orq_.front();
     ep.orq_.pop();
     if (o.signaled) ep.upper_.on_completion(Completion{.kind = WcKind::read, .wr_id = o.wr_id, .byte_len = o.size});
     return std::nullopt;
@@ -618,7 +676,7 @@ ProtoStatus RxHandlers::terminate_end(Endpoint& ep) {
 // Atomic Request (RFC 7306 section 3): on QN 1 with READ requests, sharing IRD; the 8-byte target must be
 // aligned and carry the remote-atomic right. Executed when the segment is whole, answered in order.
 ProtoStatus RxHandlers::atomic_request_header(Endpoint& ep) {
-    if (ep.irq_.size() >= ep.cfg_.ird) return ep.fail_rx(err::o_catastrophic_stream);
+    if (ep.irq_outstanding() >= ep.cfg_.ird) return ep.fail_rx(err::o_catastrophic_stream);
     const AtomicRequest a = AtomicRequest::decode(ep.rx_.hdr);
     if (a.op > static_cast<std::uint8_t>(AtomicOp::cmp_swap)) return ep.fail_rx(err::o_opcode);
     if ((a.to & 7) != 0) return ep.fail_rx(term_code_for(MemError::misaligned, MemUse::rdma_source));
@@ -639,10 +697,10 @@ ProtoStatus RxHandlers::atomic_request_end(Endpoint& ep) {
     std::uint64_t orig = word.load();
     while (!word.compare_exchange_weak(orig, atomic_apply(a, orig).value_or(orig))) {
     }
-    Endpoint::IrqEntry e{};
+    IrqEntry e{};
     e.atomic = true;
     e.ar = AtomicResponse{a.req_id, orig};
-    ep.irq_.push(e);
+    ep.push_irq(e);
     return std::nullopt;
 }
 
@@ -655,7 +713,7 @@ ProtoStatus RxHandlers::atomic_response_header(Endpoint& ep) {
 }
 ProtoStatus RxHandlers::atomic_response_end(Endpoint& ep) {
     const AtomicResponse r = AtomicResponse::decode(ep.rx_.hdr);
-    const Endpoint::OrqEntry o = ep.orq_.front();
+    const OrqEntry o = ep.orq_.front();
     ep.orq_.pop();
     if (o.signaled)
         ep.upper_.on_completion(Completion{.kind = WcKind::atomic, .wr_id = o.wr_id, .byte_len = 8, .atomic_original = r.original});

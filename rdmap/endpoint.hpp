@@ -15,6 +15,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -38,7 +39,6 @@ inline constexpr std::size_t kMaxSge = 8;
 inline constexpr std::size_t kMaxPieces = 16;
 static_assert(kMaxPieces >= kMaxSge);
 
-enum class WrOp : std::uint8_t { send, write, read, fetch_add, cmp_swap };
 
 // A send-queue work request (the shape of ibv_send_wr). The endpoint copies the request; the memory the SGEs
 // point to stays owned by the poster and must stay valid and unchanged until the WR's completion (or flush).
@@ -64,10 +64,22 @@ struct WorkRequest {
 
 enum class PostStatus : std::uint8_t { ok, queue_full, bad_wr, not_operational };
 
+// Which half of the stream an endpoint runs. `both` is one endpoint on one thread. With an RX thread, a
+// stream has two endpoints: `tx` on the application thread (posting, framing, READ/atomic responses, the
+// TERMINATE) and `rx` on the RX thread (deframed input, placement, completions of inbound messages). What one
+// half learns that the other needs goes through Upper (on_request_sent, on_inbound_request, on_terminate) and
+// comes back in through expect_response / answer / send_terminate / stop; the upper layer carries it between
+// the threads. The ORD/IRD credits stay exact: the tx endpoint counts requests until request_done(); the rx
+// endpoint counts inbound requests minus `answered`, which the tx endpoint advances (shared atomic).
+enum class Role : std::uint8_t { both, tx, rx };
+
 struct Config {
     std::uint32_t sq_depth{64};  // WRs posted and not yet handed to the wire (or awaiting a response)
     std::uint16_t ird{16};       // inbound READ + atomic requests we hold for answer (MPA-negotiated IRD)
     std::uint16_t ord{16};       // outbound READ + atomic requests outstanding (MPA-negotiated ORD)
+    Role role{Role::both};
+    // Role tx/rx: inbound requests the tx endpoint has answered (written by tx, read by rx). Borrowed.
+    std::atomic<std::uint32_t>* answered{nullptr};
 };
 
 enum class State : std::uint8_t { operational, error };
@@ -106,10 +118,22 @@ public:
     // ---- errors from below: the deframer's error (CRC, bad length, ...) enters the choke point here ------
     void on_llp_error(TermCode code);
 
+    // ---- split endpoints (Config::role) ---------------------------------------------------------------------
+    // rx: a request the tx endpoint framed (its Upper::on_request_sent), expected back in order.
+    void expect_response(const OrqEntry& e);
+    // tx: the response to one of our requests arrived at the rx endpoint (completed or flushed): a credit back.
+    void request_done();
+    // tx: an inbound request the rx endpoint accepted (its Upper::on_inbound_request), to answer in order.
+    void answer(const IrqEntry& e);
+    // tx: the rx endpoint failed and built `terminate` (TermReport::frame): send it, then error and flush.
+    void send_terminate(TermCode code, std::span<const std::byte> terminate);
+    // tx: the stream died on the rx side (a TERMINATE received): error and flush, nothing sent.
+    void stop(TermCode code);
+
     State state() const { return state_; }
     const std::optional<TermCode>& error() const { return error_; }
-    std::uint32_t orq_outstanding() const { return static_cast<std::uint32_t>(orq_.size()); }
-    std::uint32_t irq_outstanding() const { return static_cast<std::uint32_t>(irq_.size()); }
+    std::uint32_t orq_outstanding() const;
+    std::uint32_t irq_outstanding() const;
     // DDP payload bytes placed into upper-layer memory so far (tagged and untagged), for copy accounting.
     std::uint64_t placed_bytes() const { return placed_bytes_; }
 
@@ -143,24 +167,6 @@ private:
         std::size_t n_{0};
     };
 
-    // An outbound READ or atomic request waiting for its response (ORQ, oldest first).
-    struct OrqEntry {
-        WrOp op{WrOp::read};
-        bool signaled{true};
-        std::uint64_t wr_id{0};
-        std::uint32_t sink_stag{0};
-        std::uint64_t sink_to{0};
-        std::uint32_t size{0};
-        std::uint32_t req_id{0};
-    };
-    // An inbound READ or atomic request to answer (IRQ, oldest first). `hdr` keeps the READ request as
-    // received, for a TERMINATE if its source fails while the response is being sent.
-    struct IrqEntry {
-        bool atomic{false};
-        ReadRequest rr{};
-        AtomicResponse ar{};
-        std::array<std::byte, kReadRequestLen> hdr{};
-    };
     // The segment being received.
     struct RxSeg {
         const OpInfo* op{nullptr};
@@ -194,6 +200,9 @@ private:
     std::size_t gather_sgl(const WorkRequest& wr, std::size_t off, std::size_t len);
     std::size_t max_payload(std::size_t hdr_len) const;
     void finish_sq_head();
+    void push_orq(const OrqEntry& e);
+    void push_irq(const IrqEntry& e);
+    void pop_irq();
 
     Upper& upper_;
     Framer& framer_;
@@ -205,6 +214,8 @@ private:
     Ring<WorkRequest> sq_;   // sized by cfg.sq_depth
     Ring<OrqEntry> orq_;     // sized by cfg.ord: a READ/atomic is not sent while ORD requests are outstanding
     Ring<IrqEntry> irq_;     // sized by cfg.ird: an inbound request beyond IRD is a TERMINATE
+    std::uint32_t orq_sent_{0};  // role tx: requests framed and not yet request_done()
+    std::uint32_t irq_in_{0};    // role rx: inbound requests accepted (minus *cfg_.answered = outstanding)
     TxSrc tx_src_{TxSrc::none};
     std::uint8_t tx_phase_{0};   // 0: the WR's main message; 1: its trailing Immediate Data message
     std::size_t tx_sent_{0};     // payload bytes of the current message already framed

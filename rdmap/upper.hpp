@@ -19,6 +19,27 @@
 
 namespace softrdma::rdmap {
 
+enum class WrOp : std::uint8_t { send, write, read, fetch_add, cmp_swap };
+
+// An outbound READ or atomic request waiting for its response (ORQ, oldest first).
+struct OrqEntry {
+    WrOp op{WrOp::read};
+    bool signaled{true};
+    std::uint64_t wr_id{0};
+    std::uint32_t sink_stag{0};
+    std::uint64_t sink_to{0};
+    std::uint32_t size{0};
+    std::uint32_t req_id{0};
+};
+// An inbound READ or atomic request to answer (IRQ, oldest first). `hdr` keeps the READ request as received,
+// for a TERMINATE if its source fails while the response is being sent.
+struct IrqEntry {
+    bool atomic{false};
+    ReadRequest rr{};
+    AtomicResponse ar{};
+    std::array<std::byte, kReadRequestLen> hdr{};
+};
+
 // What went wrong with a memory or receive lookup (the shape of siw's siw_check_mem answers).
 enum class MemError : std::uint8_t {
     none,
@@ -103,6 +124,8 @@ struct TermReport {
     bool d{false};
     bool r{false};
     std::span<const std::byte> attached{};
+    // A sent TERMINATE: the whole ULPDU (header + attached) as it goes on the wire, for a split tx endpoint.
+    std::span<const std::byte> frame{};
 };
 
 class Upper {
@@ -122,6 +145,11 @@ public:
     virtual void on_completion(const Completion& c) = 0;
     // The stream is dead: a TERMINATE was sent or received. Posted work is flushed after this call.
     virtual void on_terminate(const TermReport& t) = 0;
+
+    // Split endpoints only (Config::role, see endpoint.hpp): a tx endpoint framed a READ/atomic request; an
+    // rx endpoint accepted an inbound one (atomics already executed).
+    virtual void on_request_sent(const OrqEntry&) {}
+    virtual void on_inbound_request(const IrqEntry&) {}
 };
 
 }  // namespace softrdma::rdmap

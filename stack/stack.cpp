@@ -90,6 +90,8 @@ Stack::Stack(io::Port& port, const StackConfig& cfg)
     gw.addr = cfg.gateway.be;
     netif_add(netif_.get(), &ip, &mask, &gw, this, &Stack::netif_init, netif_input);
     netif_set_default(netif_.get());
+    // The RX thread checks TCP checksums itself (some frames reach lwIP with their payload left out).
+    if (cfg.rx_external) NETIF_SET_CHECKSUM_CTRL(netif_.get(), NETIF_CHECKSUM_ENABLE_ALL & ~NETIF_CHECKSUM_CHECK_TCP);
     netif_set_up(netif_.get());
     netif_set_link_up(netif_.get());
     tsc_per_ms_ = std::max<std::uint64_t>(1, rte_get_timer_hz() / 1000);
@@ -207,6 +209,40 @@ void Stack::input(rte_mbuf* m) noexcept {
     if (netif_->input(head, netif_.get()) != ERR_OK) {
         ++counters_.rx_dropped;
         pbuf_free(head);
+    }
+}
+
+namespace {
+// Stands in for TCP payload placed elsewhere (input_headers): never written, never read by us; lwIP only
+// counts it. Sized for the largest frame.
+alignas(64) const std::byte kZeroPayload[9216]{};
+}  // namespace
+
+void Stack::input_headers(std::byte* data, std::uint32_t len, std::uint32_t payload_len, ReleaseFn release,
+                          void* ctx, std::uint32_t cookie) noexcept {
+    if (payload_len == 0) return input_external(data, len, release, ctx, cookie);
+    auto* r = static_cast<RxPbuf*>(LWIP_MEMPOOL_ALLOC(SR_RX_PBUF));
+    pbuf* tail = payload_len <= sizeof kZeroPayload ? pbuf_alloc(PBUF_RAW, static_cast<u16_t>(payload_len), PBUF_ROM)
+                                                    : nullptr;
+    if (r == nullptr || tail == nullptr) {
+        ++counters_.rx_dropped;
+        if (r != nullptr) LWIP_MEMPOOL_FREE(SR_RX_PBUF, r);
+        if (tail != nullptr) pbuf_free(tail);
+        release(ctx, cookie);
+        return;
+    }
+    tail->payload = const_cast<std::byte*>(kZeroPayload);  // PBUF_ROM: lwIP never writes through it
+    r->seg = nullptr;
+    r->release = release;
+    r->ctx = ctx;
+    r->cookie = cookie;
+    r->pc.custom_free_function = rx_pbuf_free;
+    pbuf* p = pbuf_alloced_custom(PBUF_RAW, static_cast<u16_t>(len), PBUF_REF, &r->pc, data, static_cast<u16_t>(len));
+    pbuf_cat(p, tail);  // the chain owns tail now
+    ++counters_.rx_frames;
+    if (netif_->input(p, netif_.get()) != ERR_OK) {  // lwIP owns p from here unless it refuses it
+        ++counters_.rx_dropped;
+        pbuf_free(p);
     }
 }
 

@@ -85,6 +85,12 @@ public:
     using ReleaseFn = void (*)(void* ctx, std::uint32_t cookie) noexcept;
     void input_external(std::byte* data, std::uint32_t len, ReleaseFn release, void* ctx,
                         std::uint32_t cookie) noexcept;
+    // Same for a frame whose TCP payload was already consumed elsewhere (placed by the RX thread): `data` holds
+    // the Ethernet, IP and TCP headers (`len` bytes) and lwIP sees `payload_len` more bytes of a shared
+    // read-only zero area in their place, so its sequence and window state advance as if it had them. The
+    // connection's receive handler must ignore those bytes (it knows, see verbs' handover).
+    void input_headers(std::byte* data, std::uint32_t len, std::uint32_t payload_len, ReleaseFn release, void* ctx,
+                       std::uint32_t cookie) noexcept;
 
     // Sends the frames lwIP produced so far (poll() does this at its end).
     void flush_tx() noexcept;

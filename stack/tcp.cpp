@@ -129,6 +129,18 @@ std::size_t TcpConnection::send_space() const noexcept { return pcb_ != nullptr 
 
 std::uint16_t TcpConnection::mss() const noexcept { return pcb_ != nullptr ? tcp_mss(pcb_) : 0; }
 
+TcpConnection::FlowInfo TcpConnection::flow_info() const noexcept {
+    if (pcb_ == nullptr) return {};
+    return FlowInfo{pcb_->remote_ip.addr, pcb_->remote_port, pcb_->local_port, pcb_->rcv_nxt};
+}
+
+void TcpConnection::ack_now() noexcept {
+    stack_.assert_owner();
+    if (pcb_ == nullptr) return;
+    tcp_ack_now(pcb_);
+    tcp_output(pcb_);
+}
+
 bool TcpConnection::tx_segment_boundary() const noexcept { return pcb_ != nullptr && pcb_->unsent == nullptr; }
 
 void TcpConnection::flush() noexcept {

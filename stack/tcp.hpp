@@ -112,6 +112,16 @@ public:
     void abort() noexcept;
 
     bool open() const noexcept { return pcb_ != nullptr; }
+    // The connection's identity and receive position, for an RX thread that follows its segments.
+    struct FlowInfo {
+        std::uint32_t remote_ip_be = 0;
+        std::uint16_t remote_port = 0;  // host order
+        std::uint16_t local_port = 0;   // host order
+        std::uint32_t rcv_nxt = 0;      // next sequence number expected from the peer
+    };
+    FlowInfo flow_info() const noexcept;
+    // Sends an ACK now (a duplicate ACK when a segment was out of order: the peer's fast retransmit).
+    void ack_now() noexcept;
     bool established() const noexcept { return pcb_ != nullptr && connected_; }
     Stack& stack() noexcept { return stack_; }
 

@@ -5,8 +5,11 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <system_error>
+
+#include <rte_ip.h>
 
 namespace softrdma::threading {
 
@@ -25,40 +28,85 @@ void pin_this_thread(int core) {
 }
 
 namespace {
+
 // Slot size: the port's largest single-mbuf frame, rounded up to a cache line so slots do not share lines.
 std::uint32_t slot_bytes(const io::Port& port) { return (port.mbuf_data_room() + 63u) & ~63u; }
-// TCP payload bytes of an Ethernet + IPv4 + TCP frame (0 for anything else): for the copy counters only.
-std::uint32_t tcp_payload_len(const std::byte* f, std::uint32_t len) noexcept {
-    auto u8 = [f](std::uint32_t i) { return std::to_integer<std::uint32_t>(f[i]); };
-    if (len < 14 + 20 || u8(12) != 0x08 || u8(13) != 0x00 || u8(23) != 6) return 0;
-    const std::uint32_t ihl = (u8(14) & 0x0fu) * 4u;
-    const std::uint32_t total = u8(16) << 8 | u8(17);
-    if (len < 14 + ihl + 20 || total < ihl + 20) return 0;
-    const std::uint32_t doff = (u8(14 + ihl + 12) >> 4) * 4u;
-    return total >= ihl + doff ? total - ihl - doff : 0;
+
+unsigned index_capacity(unsigned flows) {
+    unsigned c = 16;
+    while (c < 2 * flows) c *= 2;
+    return c;
+}
+
+std::uint32_t be16(const std::byte* p) { return std::to_integer<std::uint32_t>(p[0]) << 8 | std::to_integer<std::uint32_t>(p[1]); }
+std::uint32_t be32(const std::byte* p) { return be16(p) << 16 | be16(p + 2); }
+bool seq_after(std::uint32_t a, std::uint32_t b) { return static_cast<std::int32_t>(a - b) > 0; }
+
+// The parts of an Ethernet + IPv4 + TCP frame the RX thread needs; valid() false for anything else (ARP,
+// fragments, options it cannot follow, truncated frames): those go to lwIP whole.
+struct TcpView {
+    bool valid{false};
+    std::uint32_t ihl{0}, hdr_len{0}, payload_len{0}, seq{0};
+    std::uint64_t key{0};
+};
+
+TcpView parse(const std::byte* f, std::uint32_t len) {
+    TcpView v;
+    if (len < 14 + 20 + 20 || be16(f + 12) != 0x0800) return v;
+    const std::byte* ip = f + 14;
+    if ((std::to_integer<unsigned>(ip[0]) >> 4) != 4 || std::to_integer<unsigned>(ip[9]) != 6) return v;
+    v.ihl = (std::to_integer<std::uint32_t>(ip[0]) & 0x0f) * 4;
+    const std::uint32_t total = be16(ip + 2);
+    if ((be16(ip + 6) & 0x3fff) != 0) return v;  // a fragment (MF or offset): lwIP reassembles
+    if (v.ihl < 20 || total < v.ihl + 20 || 14 + total > len) return v;
+    const std::byte* tcp = ip + v.ihl;
+    const std::uint32_t doff = (std::to_integer<std::uint32_t>(tcp[12]) >> 4) * 4;
+    if (doff < 20 || v.ihl + doff > total) return v;
+    v.hdr_len = 14 + v.ihl + doff;
+    v.payload_len = total - v.ihl - doff;
+    v.seq = be32(tcp + 4);
+    std::uint32_t src_be;
+    std::memcpy(&src_be, ip + 12, 4);  // network order, as the key wants it
+    v.key = flow_key(src_be, static_cast<std::uint16_t>(be16(tcp)), static_cast<std::uint16_t>(be16(tcp + 2)));
+    v.valid = true;
+    return v;
+}
+
+// The TCP checksum over pseudo header, header and payload folds to all ones when the segment is intact.
+bool tcp_checksum_ok(const rte_ipv4_hdr* ip, const std::byte* tcp, std::uint32_t tcp_len) {
+    std::uint32_t sum = rte_raw_cksum(tcp, tcp_len);
+    sum += rte_ipv4_phdr_cksum(ip, 0);
+    sum = (sum & 0xffff) + (sum >> 16);
+    sum = (sum & 0xffff) + (sum >> 16);
+    return sum == 0xffff;
 }
 }  // namespace
 
-RxThread::RxThread(io::Port& port, const ThreadingConfig& cfg)
+RxThread::RxThread(io::Port& port, const ThreadingConfig& cfg, unsigned max_flows)
     : port_(port),
       cfg_(cfg),
       slot_size_(slot_bytes(port)),
       nslots_(std::max(64u, cfg.rx_slots)),
+      max_flows_(std::clamp(max_flows, 1u, 65535u)),
       mem_(new std::byte[std::size_t{nslots_} * slot_size_]),
-      ring_(nslots_),
-      free_(nslots_) {
+      ring_(nslots_ + max_flows_),
+      free_(nslots_),
+      cmd_(4 * max_flows_),
+      flows_(max_flows_),
+      index_(index_capacity(max_flows_), 0),
+      linear_(new std::byte[slot_size_]) {
     for (std::uint32_t s = 0; s < nslots_; ++s) free_.push(s);
-    // The thread is pinned from inside (an std::thread inherits the creator's affinity, which DPDK's EAL set
-    // to the application's lcore): a failure to pin ends the thread before it polls, so check it here.
+    // The thread pins itself (an std::thread inherits its creator's affinity, which DPDK's EAL set to the
+    // application's lcore); a failure ends it before it polls, so wait for the answer here.
     std::atomic<int> pinned{0};  // 0 pending, 1 ok, -1 failed
     thread_ = std::thread([this, &pinned] {
         try {
             pin_this_thread(cfg_.rx_core);
-            pinned.store(1, std::memory_order_release);
         } catch (...) {
             pinned.store(-1, std::memory_order_release);
             return;
         }
+        pinned.store(1, std::memory_order_release);  // last touch of `pinned`: it lives on the creator's stack
         run();
     });
     while (pinned.load(std::memory_order_acquire) == 0) std::this_thread::yield();
@@ -71,48 +119,261 @@ RxThread::RxThread(io::Port& port, const ThreadingConfig& cfg)
 
 RxThread::~RxThread() {
     stop();
-    discard_pending();
+    Desc d;
+    while (ring_.pop(d)) {  // frames nobody will take
+    }
 }
 
 void RxThread::stop() noexcept {
     stop_.store(true, std::memory_order_release);
-    if (thread_.joinable()) thread_.join();
-}
-
-void RxThread::discard_pending() noexcept {
-    Desc d;
-    while (ring_.pop(d)) free_.push(d.slot);
+    if (!thread_.joinable()) return;
+    thread_.join();
+    for (Flow& f : flows_) {  // held frames are ours (the RX thread's, and it is gone)
+        for (unsigned i = 0; i < f.nheld; ++i) rte_pktmbuf_free(f.held[i]);
+        f.nheld = 0;
+    }
 }
 
 RxCounters RxThread::counters() const noexcept {
-    return RxCounters{frames_.load(std::memory_order_relaxed), bytes_copied_.load(std::memory_order_relaxed),
-                      tcp_payload_.load(std::memory_order_relaxed), dropped_.load(std::memory_order_relaxed), stalled_.load(std::memory_order_relaxed)};
+    constexpr auto r = std::memory_order_relaxed;
+    return RxCounters{frames_.load(r), bytes_copied_.load(r), tcp_copied_.load(r), tcp_placed_.load(r),
+                      dropped_.load(r), ooo_.load(r), stalled_.load(r)};
 }
 
-// Copies one frame into a free slot and queues it. Ownership: `m` is ours (from rx_burst) and is freed
-// here, whatever happens; the slot goes from the free ring to the frame ring (the application's).
-bool RxThread::deliver(rte_mbuf* m) noexcept {
-    bool ok = false;
-    if (m->pkt_len <= slot_size_) {
-        std::uint32_t slot = 0;
-        if (free_.pop(slot)) {  // run() checked there is one for every frame of the burst
-            std::byte* dst = slot_data(slot);
-            std::uint32_t off = 0;
-            for (const rte_mbuf* seg = m; seg != nullptr; seg = seg->next) {
-                std::memcpy(dst + off, rte_pktmbuf_mtod(seg, const void*), seg->data_len);
-                off += seg->data_len;
-            }
-            if (const std::uint32_t tp = tcp_payload_len(dst, off); tp != 0)
-                tcp_payload_.store(tcp_payload_.load(std::memory_order_relaxed) + tp, std::memory_order_relaxed);
-            ring_.push(Desc{slot, off});  // never full: it has room for every slot
-            frames_.store(frames_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
-            bytes_copied_.store(bytes_copied_.load(std::memory_order_relaxed) + off, std::memory_order_relaxed);
-            ok = true;
+// ---- commands (application thread) ---------------------------------------------------------------------------
+
+bool RxThread::push_cmd(const Cmd& c) noexcept {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+    while (!cmd_.push(c)) {
+        if (std::chrono::steady_clock::now() >= until) return false;
+        std::this_thread::yield();
+    }
+    return true;
+}
+
+bool RxThread::watch(std::uint16_t flow, std::uint64_t key, std::uint32_t rcv_nxt) noexcept {
+    return flow < max_flows_ && push_cmd(Cmd{.op = Cmd::Op::watch, .flow = flow, .seq = rcv_nxt, .key = key});
+}
+bool RxThread::handover(std::uint16_t flow, FlowSink* sink) noexcept {
+    return flow < max_flows_ && push_cmd(Cmd{.op = Cmd::Op::handover, .flow = flow, .sink = sink});
+}
+bool RxThread::go(std::uint16_t flow) noexcept {
+    return flow < max_flows_ && push_cmd(Cmd{.op = Cmd::Op::go, .flow = flow});
+}
+bool RxThread::remove(std::uint16_t flow, std::atomic<bool>& done) noexcept {
+    if (!thread_.joinable() || stop_.load(std::memory_order_acquire)) {
+        done.store(true, std::memory_order_release);  // no RX thread: nothing can touch the sink
+        return true;
+    }
+    return flow < max_flows_ && push_cmd(Cmd{.op = Cmd::Op::remove, .flow = flow, .done = &done});
+}
+
+bool RxThread::quiesce() const noexcept {
+    if (!thread_.joinable() || stop_.load(std::memory_order_acquire)) return true;
+    const std::uint64_t e0 = epoch_.load(std::memory_order_acquire);
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+    while (epoch_.load(std::memory_order_acquire) < e0 + 2) {
+        if (std::chrono::steady_clock::now() >= until) return false;
+        std::this_thread::yield();
+    }
+    return true;
+}
+
+// ---- RX thread -----------------------------------------------------------------------------------------------
+
+RxThread::Flow* RxThread::find(std::uint64_t key, std::uint16_t* id) noexcept {
+    const std::size_t mask = index_.size() - 1;
+    for (std::size_t i = (key * 0x9E3779B97F4A7C15ull) >> 40 & mask;; i = (i + 1) & mask) {
+        const std::uint32_t e = index_[i];
+        if (e == 0) return nullptr;
+        if (flows_[e - 1].key == key) {
+            *id = static_cast<std::uint16_t>(e - 1);
+            return &flows_[e - 1];
         }
     }
-    if (!ok) dropped_.store(dropped_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
-    rte_pktmbuf_free(m);  // the mbuf goes back to the pool at once: its bytes live on in the slot
-    return ok;
+}
+
+void RxThread::index_insert(std::uint64_t key, std::uint16_t id) noexcept {
+    const std::size_t mask = index_.size() - 1;
+    std::size_t i = (key * 0x9E3779B97F4A7C15ull) >> 40 & mask;
+    while (index_[i] != 0 && flows_[index_[i] - 1].key != key) i = (i + 1) & mask;  // >= half empty: ends
+    index_[i] = id + 1u;
+}
+
+// Linear probing delete by backward shift: entries after the hole move back if their home slot allows.
+void RxThread::index_erase(std::uint64_t key) noexcept {
+    const std::size_t mask = index_.size() - 1;
+    std::size_t i = (key * 0x9E3779B97F4A7C15ull) >> 40 & mask;
+    while (index_[i] != 0 && flows_[index_[i] - 1].key != key) i = (i + 1) & mask;
+    if (index_[i] == 0) return;
+    index_[i] = 0;
+    for (std::size_t j = (i + 1) & mask; index_[j] != 0; j = (j + 1) & mask) {
+        const std::size_t home = (flows_[index_[j] - 1].key * 0x9E3779B97F4A7C15ull) >> 40 & mask;
+        // Move j into the hole i unless its home lies cyclically in (i, j].
+        const bool stays = i <= j ? (home > i && home <= j) : (home > i || home <= j);
+        if (!stays) {
+            index_[i] = index_[j];
+            index_[j] = 0;
+            i = j;
+        }
+    }
+}
+
+void RxThread::do_commands() noexcept {
+    Cmd c;
+    while (cmd_.pop(c)) {
+        Flow& f = flows_[c.flow];
+        switch (c.op) {
+        case Cmd::Op::watch:
+            if (f.state != Flow::State::unused) index_erase(f.key);
+            f.state = Flow::State::forward;
+            f.key = c.key;
+            f.rcv_nxt = c.seq;
+            f.sink = nullptr;
+            index_insert(c.key, c.flow);
+            break;
+        case Cmd::Op::handover:
+            if (f.state != Flow::State::forward) break;
+            f.state = Flow::State::hold;
+            f.sink = c.sink;
+            ring_.push(Desc{.flow = c.flow, .kind = Kind::marker});  // room: one marker per flow is reserved
+            break;
+        case Cmd::Op::go: {
+            if (f.state != Flow::State::hold) break;
+            f.state = Flow::State::place;
+            const unsigned n = f.nheld;
+            f.nheld = 0;
+            for (unsigned i = 0; i < n; ++i) process(f.held[i]);  // in arrival order, now placed
+            break;
+        }
+        case Cmd::Op::remove:
+            for (unsigned i = 0; i < f.nheld; ++i) rte_pktmbuf_free(f.held[i]);  // held: ours, never acknowledged
+            f.nheld = 0;
+            if (f.state != Flow::State::unused) index_erase(f.key);
+            f = Flow{};
+            c.done->store(true, std::memory_order_release);
+            break;
+        }
+    }
+}
+
+// A whole frame into a slot. Ownership: `m` stays the caller's; the slot goes to the frame ring.
+void RxThread::forward_copy(const rte_mbuf* m, std::uint32_t tcp_payload) noexcept {
+    std::uint32_t slot = 0;
+    if (m->pkt_len > slot_size_ || !free_.pop(slot)) {
+        add(dropped_, 1);
+        return;
+    }
+    std::byte* dst = slot_data(slot);
+    std::uint32_t off = 0;
+    for (const rte_mbuf* seg = m; seg != nullptr; seg = seg->next) {
+        std::memcpy(dst + off, rte_pktmbuf_mtod(seg, const void*), seg->data_len);
+        off += seg->data_len;
+    }
+    ring_.push(Desc{.slot = slot, .len = off});  // never full: room for every slot
+    add(frames_, 1);
+    add(bytes_copied_, off);
+    add(tcp_copied_, tcp_payload);
+}
+
+// A frame's headers into a slot: its payload was placed (headers) or dropped (gap: the IP length is cut to
+// the headers and its checksum redone, so lwIP sees a segment without payload).
+void RxThread::forward_headers(const std::byte* frame, std::uint32_t hdr_len, std::uint32_t payload_len, Kind kind,
+                               std::uint16_t flow) noexcept {
+    std::uint32_t slot = 0;
+    if (!free_.pop(slot)) {  // callers checked; a drop here would be a bug, not a TCP matter
+        add(dropped_, 1);
+        return;
+    }
+    std::byte* dst = slot_data(slot);
+    std::memcpy(dst, frame, hdr_len);
+    if (kind == Kind::gap) {
+        auto* ip = reinterpret_cast<rte_ipv4_hdr*>(dst + 14);
+        ip->total_length = rte_cpu_to_be_16(static_cast<std::uint16_t>(hdr_len - 14));
+        ip->hdr_checksum = 0;
+        ip->hdr_checksum = rte_ipv4_cksum(ip);
+        payload_len = 0;
+    }
+    ring_.push(Desc{.slot = slot, .len = hdr_len, .payload_len = payload_len, .flow = flow, .kind = kind});
+    add(frames_, 1);
+    add(bytes_copied_, hdr_len);
+}
+
+// One received frame. Ownership: `m` is the RX thread's; it is freed here, or held by its flow (hold state)
+// until go()/remove().
+void RxThread::process(rte_mbuf* m) noexcept {
+    const std::byte* f = rte_pktmbuf_mtod(m, const std::byte*);
+    const std::uint32_t flen = m->pkt_len;
+    if (m->nb_segs > 1) {  // chained (a jumbo frame in small mbufs): make it contiguous first
+        if (flen > slot_size_) {
+            add(dropped_, 1);
+            rte_pktmbuf_free(m);
+            return;
+        }
+        std::uint32_t off = 0;
+        for (const rte_mbuf* seg = m; seg != nullptr; seg = seg->next) {
+            std::memcpy(linear_.get() + off, rte_pktmbuf_mtod(seg, const void*), seg->data_len);
+            off += seg->data_len;
+        }
+        f = linear_.get();
+    }
+    const TcpView v = parse(f, flen);
+    if (!v.valid) {
+        forward_copy(m, 0);  // ARP, ICMP, fragments: lwIP checks them
+        rte_pktmbuf_free(m);
+        return;
+    }
+    // lwIP does not check TCP checksums in this mode (payload it counts may never reach it): we do.
+    const auto* ip = reinterpret_cast<const rte_ipv4_hdr*>(f + 14);
+    if (!tcp_checksum_ok(ip, f + 14 + v.ihl, v.hdr_len - 14 - v.ihl + v.payload_len)) {
+        add(dropped_, 1);
+        rte_pktmbuf_free(m);
+        return;
+    }
+    std::uint16_t id = 0;
+    Flow* fl = find(v.key, &id);
+    if (fl == nullptr || v.payload_len == 0) {
+        forward_copy(m, v.payload_len);
+        rte_pktmbuf_free(m);
+        return;
+    }
+    const std::uint32_t end = v.seq + v.payload_len;
+    switch (fl->state) {
+    case Flow::State::unused: break;  // not in the index
+    case Flow::State::forward:
+        if (seq_after(v.seq, fl->rcv_nxt)) {  // after a gap: lwIP must not queue it (see the header comment)
+            add(ooo_, 1);
+            forward_headers(f, v.hdr_len, 0, Kind::gap, id);
+        } else {
+            if (seq_after(end, fl->rcv_nxt)) fl->rcv_nxt = end;
+            forward_copy(m, v.payload_len);
+        }
+        break;
+    case Flow::State::hold:
+        if (fl->nheld < kHeld) {
+            fl->held[fl->nheld++] = m;  // ownership: the flow's, until go() or remove()
+            return;
+        }
+        add(dropped_, 1);  // never acknowledged: the peer resends it
+        break;
+    case Flow::State::place:
+        if (seq_after(v.seq, fl->rcv_nxt)) {
+            add(ooo_, 1);
+            forward_headers(f, v.hdr_len, 0, Kind::gap, id);
+        } else if (free_.read_available() == 0) {
+            add(dropped_, 1);  // no slot for the headers: place nothing, so lwIP and we stay in step
+        } else {
+            if (seq_after(end, fl->rcv_nxt)) {  // new bytes from rcv_nxt on (a resent segment may overlap)
+                const std::uint32_t skip = fl->rcv_nxt - v.seq;
+                fl->sink->rx_payload(std::span<const std::byte>(f + v.hdr_len + skip, v.payload_len - skip));
+                add(tcp_placed_, v.payload_len - skip);
+                fl->rcv_nxt = end;
+            }
+            forward_headers(f, v.hdr_len, v.payload_len, Kind::headers, id);
+        }
+        break;
+    }
+    rte_pktmbuf_free(m);
 }
 
 void RxThread::run() noexcept {
@@ -120,15 +381,20 @@ void RxThread::run() noexcept {
     rte_mbuf* burst[kBurst];
     unsigned idle = 0;
     while (!stop_.load(std::memory_order_acquire)) {
-        // Poll only as many frames as there are free slots: when the application side holds them all, frames
-        // wait in the NIC's ring (and beyond it are dropped there; TCP resends), never in the RX thread.
+        epoch_.store(epoch_.load(std::memory_order_relaxed) + 1, std::memory_order_release);
+        do_commands();
+        // Poll only as many frames as there are free slots (each takes at most one): when the application
+        // holds them all, frames wait in the NIC's ring (beyond it they are dropped there; TCP resends).
         const auto room = static_cast<unsigned>(std::min<std::size_t>(free_.read_available(), kBurst));
         unsigned got = 0;
         if (room == 0) {
-            stalled_.store(stalled_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+            add(stalled_, 1);
         } else {
             got = port_.rx_burst(std::span<rte_mbuf*>(burst, room));
-            for (unsigned i = 0; i < got; ++i) deliver(burst[i]);
+            // Commands queued before these frames arrived (a handover pushed before our MPA reply went out)
+            // must apply to them.
+            if (got != 0) do_commands();
+            for (unsigned i = 0; i < got; ++i) process(burst[i]);
         }
         if (got != 0) {
             idle = 0;

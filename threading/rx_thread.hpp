@@ -1,18 +1,31 @@
 // SPDX-License-Identifier: MIT
-// The dedicated RX thread (threading::Mode::rx_thread): polls one io::Port, copies each received frame once
-// into a frame buffer ("slot") the application side owns, returns the mbuf to DPDK at once, and passes the
-// slot to the application thread through a bounded lock-free SPSC ring. The application thread hands each
-// slot to lwIP without another copy and gives it back through a second SPSC ring when lwIP frees it.
+// The dedicated RX thread (threading::Mode::rx_thread). It polls one io::Port and returns every mbuf to
+// DPDK within the turn that received it. For each frame it either
+//   - copies the whole frame into a frame buffer ("slot") the application side owns (ARP, handshakes, MPA
+//     negotiation, any connection not handed over), or
+//   - for a connection handed over to it (a QP in RDMA mode): checks the TCP sequence, gives the in-order
+//     TCP payload to the connection's FlowSink, which places it (the one copy: the MPA/DDP/RDMAP receive
+//     path writes it straight into registered memory or a posted receive), and passes only the headers on,
+//     so lwIP on the application thread still keeps TCP's sequence, ACK and window state.
+// The application thread gives slots to lwIP without another copy and returns them through a second ring.
 //
-//   RX thread                               application thread
-//   rx_burst -> copy into slot ------------> drain(): slot -> lwIP (zero-copy pbuf) -> MPA/DDP/RDMAP
-//            <- free slot ring <------------ release(slot) when lwIP frees the pbuf
+//   RX thread                                    application thread
+//   rx_burst -> whole frame into a slot ------->  drain(): slot -> lwIP (zero-copy pbuf)
+//            -> FlowSink (placement), headers -->  drain(): headers -> lwIP (payload stands in, see Stack)
+//            <- free slots <---------------------  release(slot) when lwIP frees the pbuf
+//            <- commands (watch/handover/go/remove) from the application thread
 //
-// Threads: the RX thread is the only one calling Port::rx_burst and the only consumer of the free ring and
-// producer of the frame ring; the application thread (the one that constructed this object) is the only
-// consumer of the frame ring and producer of the free ring. Nothing else is shared; no locks, no lwIP call
-// and no allocation on the RX thread after start.
-// Memory: all slots and both rings are allocated in the constructor.
+// Handing a connection over without losing or doubling a byte: watch(rcv_nxt) makes the RX thread follow the
+// connection from the application's receive position, forwarding only in-order payload (a segment after a gap
+// is forwarded without its payload, and the application sends a duplicate ACK so the peer resends the gap),
+// so lwIP's rcv_nxt and the RX thread's stay equal. handover(sink) stops forwarding: the connection's frames
+// are held (as mbufs, bounded) and a marker goes into the frame ring; when the application reaches the marker,
+// lwIP has delivered every forwarded byte, and go() lets the RX thread place from exactly there.
+//
+// Threads: the RX thread alone calls Port::rx_burst, consumes the free and command rings, produces the frame
+// ring and calls FlowSinks; the application thread (the one that constructed this object) does the rest. No
+// locks, no lwIP call and no allocation on the RX thread after start.
+// Memory: slots, rings and the flow table are allocated in the constructor.
 #pragma once
 
 #include <atomic>
@@ -21,6 +34,7 @@
 #include <memory>
 #include <span>
 #include <thread>
+#include <vector>
 
 #include <boost/lockfree/spsc_queue.hpp>
 
@@ -29,74 +43,152 @@
 
 namespace softrdma::threading {
 
+// Receives a handed-over connection's in-order TCP payload, on the RX thread (between go() and the end of
+// remove()). The bytes are borrowed for the call (they are in an mbuf the RX thread frees afterwards).
+class FlowSink {
+public:
+    virtual void rx_payload(std::span<const std::byte> bytes) noexcept = 0;
+
+protected:
+    ~FlowSink() = default;
+};
+
+// A connection's identity seen from this host (one local address): remote address, remote and local port.
+inline std::uint64_t flow_key(std::uint32_t remote_ip_be, std::uint16_t remote_port, std::uint16_t local_port) {
+    return std::uint64_t{remote_ip_be} << 32 | std::uint64_t{remote_port} << 16 | local_port;
+}
+
 struct RxCounters {
-    std::uint64_t frames = 0;         // frames handed to the application side
-    std::uint64_t bytes_copied = 0;   // bytes the RX thread copied (whole frames)
-    std::uint64_t tcp_payload_copied = 0;  // of which TCP payload (IPv4 frames)
-    std::uint64_t dropped = 0;        // frames larger than a slot (cannot happen below the port's MTU)
-    std::uint64_t stalled_turns = 0;  // turns the RX thread did not poll because no slot or ring room was free
+    std::uint64_t frames = 0;              // frames handed to the application side (whole or headers only)
+    std::uint64_t bytes_copied = 0;        // bytes the RX thread copied into slots
+    std::uint64_t tcp_payload_copied = 0;  // of which TCP payload (whole frames copied)
+    std::uint64_t tcp_payload_placed = 0;  // TCP payload given to FlowSinks (no slot copy)
+    std::uint64_t dropped = 0;             // oversize frames, bad checksums, held frames beyond the bound
+    std::uint64_t out_of_order = 0;        // handed-over or watched segments after a gap (payload dropped)
+    std::uint64_t stalled_turns = 0;       // turns without polling: no free slot
 };
 
 class RxThread {
 public:
-    // Allocates the slots and rings and starts the thread. `port` must outlive this object.
-    RxThread(io::Port& port, const ThreadingConfig& cfg);
-    // Stops the thread (stop()) and frees the slots: nothing may still reference them (see stop()).
+    // Allocates slots, rings and a flow table for `max_flows` connections and starts the thread. `port` must
+    // outlive this object.
+    RxThread(io::Port& port, const ThreadingConfig& cfg, unsigned max_flows);
     ~RxThread();
     RxThread(const RxThread&) = delete;
     RxThread& operator=(const RxThread&) = delete;
 
-    // Stops and joins the RX thread; frames it had not handed over stay in the ring and are dropped by
-    // discard_pending(). Slots lwIP still holds stay valid until this object is destroyed.
+    // Stops and joins the RX thread (held frames are freed). Slots lwIP still holds stay valid until this
+    // object is destroyed.
     void stop() noexcept;
 
     // ---- application thread ----------------------------------------------------------------------------
-    struct Frame {
-        std::byte* data;
-        std::uint32_t len;
-        std::uint32_t slot;  // give back with release() once the frame's bytes are no longer referenced
+    enum class Kind : std::uint8_t {
+        frame,    // a whole frame in the slot
+        headers,  // the frame's headers; its TCP payload (payload_len bytes) went to the flow's sink
+        gap,      // the frame's headers with the payload dropped (after a gap): send a duplicate ACK
+        marker,   // the flow reached its handover point (no slot): call go()
     };
-    // Hands up to `max` received frames to `f(const Frame&)`, oldest first; returns how many. Ownership: from
-    // the call on, the slot is the application side's until release(slot).
+    struct Frame {
+        Kind kind;
+        std::byte* data;           // slot bytes (not for marker)
+        std::uint32_t len;
+        std::uint32_t payload_len;  // headers: TCP payload lwIP must count
+        std::uint32_t slot;
+        std::uint16_t flow;         // gap, marker: the flow id given to watch()
+    };
+    // Hands up to `max` items to `f(const Frame&)`, oldest first; returns how many. Ownership: the slot is
+    // the application side's until release(slot).
     template <class F>
     unsigned drain(unsigned max, F&& f) {
         unsigned n = 0;
         Desc d;
         while (n < max && ring_.pop(d)) {
-            f(Frame{slot_data(d.slot), d.len, d.slot});
+            f(Frame{d.kind, d.kind == Kind::marker ? nullptr : slot_data(d.slot), d.len, d.payload_len, d.slot, d.flow});
             ++n;
         }
         return n;
     }
     // Gives a slot back to the RX thread. Ownership: the RX thread's from here.
     void release(std::uint32_t slot) noexcept { free_.push(slot); }  // never full: holds every slot
-    // Drops frames still queued (teardown).
-    void discard_pending() noexcept;
+
+    // Connection hand-over (see the header comment). `flow` is the caller's id, < max_flows, unique among live
+    // flows. Each call queues a command; false if the command ring stayed full for a second (not expected:
+    // it holds four commands per flow).
+    bool watch(std::uint16_t flow, std::uint64_t key, std::uint32_t rcv_nxt) noexcept;
+    bool handover(std::uint16_t flow, FlowSink* sink) noexcept;
+    bool go(std::uint16_t flow) noexcept;
+    // Forgets the flow; `done` becomes true (release) once the RX thread will not touch its sink again.
+    bool remove(std::uint16_t flow, std::atomic<bool>& done) noexcept;
+    // Waits until the RX thread has finished any work it was doing when called (two loop turns), so memory
+    // it might have been writing can be reused. Bounded (1 s); false if the thread did not move.
+    bool quiesce() const noexcept;
 
     RxCounters counters() const noexcept;
-    std::uint32_t slot_size() const noexcept { return slot_size_; }
-    unsigned slots() const noexcept { return nslots_; }
+    unsigned max_flows() const noexcept { return max_flows_; }
 
 private:
     struct Desc {
-        std::uint32_t slot;
-        std::uint32_t len;
+        std::uint32_t slot{0};
+        std::uint32_t len{0};
+        std::uint32_t payload_len{0};
+        std::uint16_t flow{0};
+        Kind kind{Kind::frame};
     };
+    struct Cmd {
+        enum class Op : std::uint8_t { watch, handover, go, remove } op{Op::watch};
+        std::uint16_t flow{0};
+        std::uint32_t seq{0};
+        std::uint64_t key{0};
+        FlowSink* sink{nullptr};
+        std::atomic<bool>* done{nullptr};
+    };
+    // Frames of one flow held between handover() and go(). Sizing rule: what a peer sends in one application
+    // turn after the MPA reply (a few frames); beyond it frames are dropped unacknowledged and TCP resends.
+    static constexpr unsigned kHeld = 64;
+    struct Flow {
+        enum class State : std::uint8_t { unused, forward, hold, place } state{State::unused};
+        std::uint64_t key{0};
+        std::uint32_t rcv_nxt{0};
+        FlowSink* sink{nullptr};
+        unsigned nheld{0};
+        std::array<rte_mbuf*, kHeld> held{};
+    };
+
     void run() noexcept;
-    bool deliver(rte_mbuf* m) noexcept;
+    bool push_cmd(const Cmd& c) noexcept;
+    void do_commands() noexcept;
+    void process(rte_mbuf* m) noexcept;
+    void forward_copy(const rte_mbuf* m, std::uint32_t tcp_payload) noexcept;
+    void forward_headers(const std::byte* frame, std::uint32_t hdr_len, std::uint32_t payload_len, Kind kind,
+                         std::uint16_t flow) noexcept;
+    Flow* find(std::uint64_t key, std::uint16_t* id) noexcept;
+    void index_insert(std::uint64_t key, std::uint16_t id) noexcept;
+    void index_erase(std::uint64_t key) noexcept;
     std::byte* slot_data(std::uint32_t slot) noexcept { return mem_.get() + std::size_t{slot} * slot_size_; }
+    static void add(std::atomic<std::uint64_t>& c, std::uint64_t n) noexcept {
+        c.store(c.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);  // one writer: no RMW
+    }
 
     io::Port& port_;
     ThreadingConfig cfg_;
     std::uint32_t slot_size_;
     unsigned nslots_;
+    unsigned max_flows_;
     std::unique_ptr<std::byte[]> mem_;
-    // Sizing rule: both rings hold every slot, so neither can overflow (a slot is in at most one of them).
-    boost::lockfree::spsc_queue<Desc> ring_;            // RX thread -> application: filled slots
+    // Sizing rules: the frame ring holds every slot plus one marker per flow; the free ring every slot; the
+    // command ring four commands per flow (watch, handover, go, remove). None can overflow.
+    boost::lockfree::spsc_queue<Desc> ring_;            // RX thread -> application
     boost::lockfree::spsc_queue<std::uint32_t> free_;  // application -> RX thread: empty slots
+    boost::lockfree::spsc_queue<Cmd> cmd_;             // application -> RX thread
+    // RX thread only.
+    std::vector<Flow> flows_;                // by flow id
+    std::vector<std::uint32_t> index_;       // open addressing on key: flow id + 1, 0 = empty
+    std::unique_ptr<std::byte[]> linear_;    // one chained frame made contiguous
     std::atomic<bool> stop_{false};
+    std::atomic<std::uint64_t> epoch_{0};    // loop turns
     // Written by the RX thread only (relaxed); read by anyone.
-    std::atomic<std::uint64_t> frames_{0}, bytes_copied_{0}, tcp_payload_{0}, dropped_{0}, stalled_{0};
+    std::atomic<std::uint64_t> frames_{0}, bytes_copied_{0}, tcp_copied_{0}, tcp_placed_{0}, dropped_{0}, ooo_{0},
+        stalled_{0};
     std::thread thread_;
 };
 

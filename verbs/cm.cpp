@@ -171,6 +171,9 @@ void CmId::abort() {
 void CmId::on_tcp_connected() {
     if (phase_ != Phase::connecting) return;
     phase_ = Phase::negotiating;
+    // With an RX thread: it follows the connection from here (before our MPA request, so before any byte the
+    // responder sends), forwarding in-order bytes until the QP hands the stream over after the reply.
+    if (qp_ != nullptr && conn_) qp_->watch_stream(*conn_);
     ini_->start(mpa::Clock::now());
     write_negotiation_output();
     check_outcome();

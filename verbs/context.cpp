@@ -119,18 +119,25 @@ std::size_t CompletionQueue::poll(std::span<WorkCompletion> out) noexcept {
 
 MemoryRegion::~MemoryRegion() {
     Context::MrEntry& e = ctx_.mrs_[index_];
-    e = Context::MrEntry{};
+    constexpr auto r = std::memory_order_relaxed;
+    e.valid.store(false, r);
+    e.in_use.store(false, r);
+    // The RX thread may be placing into this region right now (a check passed just before): wait until it has
+    // finished that turn, so the memory is not written after the application frees it.
+    if (ctx_.rx_) ctx_.rx_->quiesce();
+    e.base.store(nullptr, r);
+    e.length.store(0, r);
     ctx_.mr_free_.push_back(index_);
 }
 
-void MemoryRegion::invalidate() noexcept { ctx_.mrs_[index_].valid = false; }
+void MemoryRegion::invalidate() noexcept { ctx_.mrs_[index_].valid.store(false, std::memory_order_relaxed); }
 
-bool MemoryRegion::valid() const noexcept { return ctx_.mrs_[index_].valid; }
+bool MemoryRegion::valid() const noexcept { return ctx_.mrs_[index_].valid.load(std::memory_order_relaxed); }
 
 std::uint32_t MemoryRegion::rekey(std::uint8_t key) noexcept {
     Context::MrEntry& e = ctx_.mrs_[index_];
-    e.key = key;
-    e.valid = true;
+    e.key.store(key, std::memory_order_relaxed);
+    e.valid.store(true, std::memory_order_relaxed);
     stag_ = (stag_ & ~0xffu) | key;
     return stag_;
 }
@@ -143,16 +150,35 @@ std::unique_ptr<MemoryRegion> ProtectionDomain::reg_mr(std::span<std::byte> byte
     const std::uint32_t index = ctx_.mr_free_.back();
     ctx_.mr_free_.pop_back();
     const std::uint8_t key = ctx_.next_key_++;
-    ctx_.mrs_[index] = Context::MrEntry{bytes.data(), bytes.size(), handle_, access_flags, key, true, true};
+    Context::MrEntry& e = ctx_.mrs_[index];
+    constexpr auto r = std::memory_order_relaxed;
+    e.base.store(bytes.data(), r);
+    e.length.store(bytes.size(), r);
+    e.pd.store(handle_, r);
+    e.access.store(access_flags, r);
+    e.key.store(key, r);
+    e.valid.store(true, r);
+    e.in_use.store(true, std::memory_order_release);
     const std::uint32_t stag = ((index + 1) << 8) | key;
     return std::unique_ptr<MemoryRegion>(new MemoryRegion(ctx_, index, stag, bytes, access_flags));
 }
 
 Context::MrEntry* Context::mr_entry(std::uint32_t stag) noexcept {
     const std::uint32_t idx = stag >> 8;
-    if (idx == 0 || idx > mrs_.size()) return nullptr;
+    if (idx == 0 || idx > cfg_.max_mr) return nullptr;
     MrEntry& e = mrs_[idx - 1];
-    return e.in_use ? &e : nullptr;
+    return e.in_use.load(std::memory_order_acquire) ? &e : nullptr;
+}
+
+// SEND with Invalidate (either thread): the STag must be valid, keyed and of this PD.
+rdmap::MemError Context::mr_invalidate(std::uint32_t stag, std::uint32_t pd) noexcept {
+    MrEntry* e = mr_entry(stag);
+    if (e == nullptr) return rdmap::MemError::invalid_stag;
+    constexpr auto r = std::memory_order_relaxed;
+    if (e->key.load(r) != (stag & 0xffu) || !e->valid.load(r)) return rdmap::MemError::invalidated;
+    if (e->pd.load(r) != pd) return rdmap::MemError::wrong_pd;
+    e->valid.store(false, r);
+    return rdmap::MemError::none;
 }
 
 rdmap::Mem Context::mr_lookup(std::uint32_t stag, std::uint64_t to, std::size_t len, std::uint32_t pd,
@@ -160,12 +186,15 @@ rdmap::Mem Context::mr_lookup(std::uint32_t stag, std::uint64_t to, std::size_t 
     using rdmap::MemError;
     const MrEntry* e = mr_entry(stag);
     if (e == nullptr) return {.err = MemError::invalid_stag};
-    if (e->key != (stag & 0xffu) || !e->valid) return {.err = MemError::invalidated};
-    if (e->pd != pd) return {.err = MemError::wrong_pd};
-    if ((e->access & need) != need) return {.err = MemError::access};
-    const auto base = reinterpret_cast<std::uint64_t>(e->base);
-    if (to < base || to - base > e->length || len > e->length - (to - base)) return {.err = MemError::bounds};
-    return {e->base + (to - base), len, MemError::none};
+    constexpr auto r = std::memory_order_relaxed;
+    if (e->key.load(r) != (stag & 0xffu) || !e->valid.load(r)) return {.err = MemError::invalidated};
+    if (e->pd.load(r) != pd) return {.err = MemError::wrong_pd};
+    if ((e->access.load(r) & need) != need) return {.err = MemError::access};
+    std::byte* const b = e->base.load(r);
+    const std::size_t length = e->length.load(r);
+    const auto base = reinterpret_cast<std::uint64_t>(b);
+    if (to < base || to - base > length || len > length - (to - base)) return {.err = MemError::bounds};
+    return {b + (to - base), len, MemError::none};
 }
 
 // ==== context ================================================================================================
@@ -182,8 +211,14 @@ Context::Context(const ContextConfig& cfg) : cfg_(cfg) {
     stack::StackConfig scfg = cfg.stack;
     scfg.rx_external = rx_thread;
     stack_ = std::make_unique<stack::Stack>(*port_, scfg);
-    if (rx_thread) rx_ = std::make_unique<threading::RxThread>(*port_, cfg.threading);
-    mrs_.resize(cfg.max_mr);
+    if (rx_thread) {
+        if (cfg.max_qp > 65535) throw Error("ContextConfig: the RX thread follows at most 65535 connections (max_qp)");
+        flows_.assign(cfg.max_qp, nullptr);
+        for (std::uint32_t i = cfg.max_qp; i-- > 0;) flow_free_.push_back(static_cast<std::uint16_t>(i));
+        doorbell_ = std::make_unique<boost::lockfree::spsc_queue<std::uint16_t>>(cfg.max_qp);
+        rx_ = std::make_unique<threading::RxThread>(*port_, cfg.threading, cfg.max_qp);
+    }
+    mrs_ = std::make_unique<MrEntry[]>(cfg.max_mr);
     mr_free_.reserve(cfg.max_mr);
     for (std::uint32_t i = cfg.max_mr; i-- > 0;) mr_free_.push_back(i);
     // Sizing: a QP is listed at most once, but during a TX pass the QPs already taken off may list themselves
@@ -219,8 +254,28 @@ namespace {
 void release_rx_slot(void* rx, std::uint32_t slot) noexcept { static_cast<threading::RxThread*>(rx)->release(slot); }
 }  // namespace
 
+int Context::alloc_flow(QueuePair* qp) noexcept {
+    if (flow_free_.empty()) return -1;
+    const std::uint16_t id = flow_free_.back();
+    flow_free_.pop_back();
+    flows_[id] = qp;
+    return id;
+}
+
+void Context::free_flow(int id) noexcept {
+    if (id < 0) return;
+    flows_[static_cast<std::size_t>(id)] = nullptr;
+    flow_free_.push_back(static_cast<std::uint16_t>(id));  // capacity max_qp: reserved by assign at open
+}
+
+std::optional<threading::RxCounters> Context::rx_thread_counters() const noexcept {
+    if (!rx_) return std::nullopt;
+    return rx_->counters();
+}
+
 RxCopyStats Context::rx_copy_stats() const noexcept {
-    RxCopyStats s{.payload_bytes = placed_bytes_, .copied_bytes = placed_bytes_};
+    const std::uint64_t placed = placed_bytes_.load(std::memory_order_relaxed);
+    RxCopyStats s{.payload_bytes = placed, .copied_bytes = placed};
     if (rx_) s.copied_bytes += rx_->counters().tcp_payload_copied;
     return s;
 }
@@ -230,9 +285,26 @@ unsigned Context::poll() noexcept {
     if (rx_) {
         // Frames the RX thread copied: each slot goes to lwIP without a copy and comes back to the RX thread
         // through release_rx_slot when lwIP frees it. Sizing: 256 per turn bounds the turn's length.
+        using Kind = threading::RxThread::Kind;
         frames = rx_->drain(256, [this](const threading::RxThread::Frame& f) {
-            stack_->input_external(f.data, f.len, &release_rx_slot, rx_.get(), f.slot);
+            switch (f.kind) {
+            case Kind::frame: stack_->input_external(f.data, f.len, &release_rx_slot, rx_.get(), f.slot); break;
+            case Kind::headers:  // payload already placed by the RX thread: lwIP counts stand-in bytes
+                stack_->input_headers(f.data, f.len, f.payload_len, &release_rx_slot, rx_.get(), f.slot);
+                break;
+            case Kind::gap:  // a segment after a hole, payload dropped: lwIP sees its headers, the peer a dup ACK
+                stack_->input_external(f.data, f.len, &release_rx_slot, rx_.get(), f.slot);
+                if (QueuePair* qp = flows_[f.flow]) qp->on_gap();
+                break;
+            case Kind::marker:  // every byte forwarded before the handover has reached the QP: let the RX thread go
+                if (QueuePair* qp = flows_[f.flow]) qp->on_marker();
+                break;
+            }
         });
+        // QPs whose receive half produced events (completions, inbound requests, TERMINATEs).
+        std::uint16_t id = 0;
+        while (doorbell_->pop(id))
+            if (QueuePair* qp = flows_[id]) qp->drain_rx_events();
     }
     frames += stack_->poll();  // RX (run to completion): lwIP callbacks -> CmId -> QueuePair::rx_bytes
     // TX: every QP with work, once. A QP that stays blocked schedules itself again.

@@ -9,6 +9,8 @@
 #include "stack/tcp.hpp"
 #include "verbs/verbs.hpp"
 
+#include <spdlog/spdlog.h>
+
 namespace softrdma::verbs {
 namespace {
 
@@ -22,6 +24,150 @@ constexpr std::uint64_t kRtrWrId = ~std::uint64_t{0};  // the RTR's endpoint wr_
 constexpr std::uint32_t kNoSlot = ~0u;
 
 }  // namespace
+
+// What the receive half tells the QP (RX thread -> application thread, SPSC). Sizing in RxSide.
+struct RxEvent {
+    enum class Kind : std::uint8_t { recv, request_done, inbound, terminate, first_bytes, srq_limit };
+    Kind kind{Kind::recv};
+    WorkCompletion wc{};          // recv
+    std::uint64_t slot{0};        // request_done: the endpoint wr_id (send slot, or the RTR's)
+    bool ok{true};                // request_done: completed (else flushed)
+    rdmap::IrqEntry irq{};        // inbound
+    TermCode code{};              // terminate
+    bool received{false};         // terminate: received from the peer (else: to send, bytes below)
+    std::uint8_t term_len{0};
+    std::array<std::byte, rdmap::kTerminateLen + 2 + rdmap::kMaxHeaderLen> term{};
+};
+
+// A READ/atomic request the tx endpoint framed, with the READ's sink list (application -> RX thread, SPSC).
+struct OrqMsg {
+    rdmap::OrqEntry e{};
+    std::array<std::span<std::byte>, rdmap::kMaxSge> sink{};
+    std::uint8_t nsink{0};
+};
+
+// The stream's receive half with an RX thread: the deframer and an rx-role endpoint, fed by the RX thread
+// (threading::FlowSink) after the handover and by the QP before it — never both (the handover orders them).
+// Its rdmap::Upper answers memory questions from the MR table (atomics) and the QP's RecvQueue (consumer side)
+// and turns everything else into RxEvents for the QP. Memory: rings sized at QP creation; deframer and
+// endpoint built in start() (control path).
+struct QueuePair::RxSide final : rdmap::Upper, threading::FlowSink {
+    explicit RxSide(QueuePair& q)
+        : qp(q),
+          // Sizing rule: every event is bounded by a resource — one per posted receive (the SRQ's depth when
+          // shared), one per outbound request (at most max_send_wr + the RTR), one per inbound request (IRD,
+          // at most 255 by MPA), and a few singles (terminate, first bytes, limit); doubled for the flushes at
+          // detach. A push that still fails is counted in `lost`.
+          events(2 * (std::size_t{q.srq_ != nullptr ? q.srq_->max_wr_ : q.cap_.max_recv_wr} + q.cap_.max_send_wr + 1 +
+                      256) + 8),
+          orq(std::size_t{q.cap_.max_send_wr} + 1),
+          sinks(q.sq_.size()) {}
+
+    void start(const mpa::Agreed& agreed, const rdmap::Config& tx_cfg) {
+        deframer.emplace(mpa::rx_config(agreed));
+        rdmap::Config c = tx_cfg;
+        c.role = rdmap::Role::rx;
+        ep.emplace(*this, *qp.framer_, c);  // the framer is never used by an rx endpoint
+        started = false;
+        OrqMsg m;
+        while (orq.pop(m)) {
+        }
+    }
+
+    // threading::FlowSink: in-order stream bytes (RX thread after the handover, the QP before it).
+    void rx_payload(std::span<const std::byte> bytes) noexcept override {
+        if (!ep) return;
+        OrqMsg m;
+        while (orq.pop(m)) {  // requests framed before their responses can arrive
+            if (m.e.wr_id < sinks.size()) {
+                sinks[m.e.wr_id] = m.sink;
+                nsinks_at(m.e.wr_id) = m.nsink;
+            }
+            ep->expect_response(m.e);
+        }
+        if (!started) {
+            started = true;
+            emit(RxEvent{.kind = RxEvent::Kind::first_bytes});
+        }
+        const std::uint64_t placed = ep->placed_bytes();
+        rdmap::receive(*deframer, *ep, bytes);
+        qp.ctx_.placed_bytes_.fetch_add(ep->placed_bytes() - placed, std::memory_order_relaxed);
+    }
+
+    // ---- rdmap::Upper (rx role) ----
+    rdmap::Mem tagged(std::uint32_t stag, std::uint64_t to, std::size_t len, rdmap::Access acc) override {
+        using rdmap::MemError;
+        if (acc == rdmap::Access::local_write) {  // READ response into our READ WR's sink list (this side's copy)
+            const std::uint32_t slot = stag & 0x00ffffffu;
+            if ((stag & 0xff000000u) != kReadSinkTag || slot >= sinks.size()) return {.err = MemError::invalid_stag};
+            std::uint64_t off = to;
+            for (std::size_t i = 0; i < nsinks_at(slot); ++i) {
+                const std::span<std::byte> sk = sinks[slot][i];
+                if (off < sk.size()) return {sk.data() + off, std::min<std::size_t>(len, sk.size() - off), MemError::none};
+                off -= sk.size();
+            }
+            return {.err = MemError::bounds};
+        }
+        const std::uint32_t need = acc == rdmap::Access::remote_write  ? access::remote_write
+                                   : acc == rdmap::Access::remote_read ? access::remote_read
+                                                                       : access::remote_atomic;
+        return qp.ctx_.mr_lookup(stag, to, len, qp.pd_.handle(), need);
+    }
+    rdmap::MemError recv_begin(std::uint32_t msn) override {
+        bool limit = false;
+        const rdmap::MemError e = qp.recv_.begin(msn, limit);
+        if (limit) emit(RxEvent{.kind = RxEvent::Kind::srq_limit});
+        return e;
+    }
+    rdmap::Mem recv_place(std::uint32_t msn, std::uint32_t mo, std::size_t len) override {
+        return qp.recv_.place(msn, mo, len);
+    }
+    rdmap::MemError invalidate(std::uint32_t stag) override { return qp.ctx_.mr_invalidate(stag, qp.pd_.handle()); }
+    void on_completion(const rdmap::Completion& c) override {
+        if (c.kind == rdmap::WcKind::recv) {
+            if (qp.recv_.current(c.msn) == nullptr) return;
+            emit(RxEvent{.kind = RxEvent::Kind::recv, .wc = qp.recv_.complete(c, qp.qp_num_)});
+            return;
+        }
+        const bool ok = c.status == rdmap::WcStatus::success;
+        // The atomic's original value goes into the WR's 8-byte SGE here; the completion event orders it
+        // before the application sees the completion.
+        if (ok && c.kind == rdmap::WcKind::atomic && c.wr_id < sinks.size() && nsinks_at(c.wr_id) == 1)
+            std::memcpy(sinks[c.wr_id][0].data(), &c.atomic_original, 8);
+        emit(RxEvent{.kind = RxEvent::Kind::request_done, .slot = c.wr_id, .ok = ok});
+    }
+    void on_terminate(const rdmap::TermReport& t) override {
+        RxEvent e{.kind = RxEvent::Kind::terminate, .code = t.code, .received = t.received};
+        const std::size_t n = std::min(t.frame.size(), e.term.size());
+        std::memcpy(e.term.data(), t.frame.data(), n);
+        e.term_len = static_cast<std::uint8_t>(n);
+        emit(e);
+    }
+    void on_inbound_request(const rdmap::IrqEntry& r) override { emit(RxEvent{.kind = RxEvent::Kind::inbound, .irq = r}); }
+
+    void emit(const RxEvent& e) noexcept {
+        if (!events.push(e)) {
+            lost.fetch_add(1, std::memory_order_relaxed);
+            return;
+        }
+        // On the RX thread: ring the QP's doorbell once until the QP drains (it clears `rung` first).
+        if (on_rx_thread && !rung.exchange(true, std::memory_order_acq_rel))
+            qp.ctx_.doorbell_->push(static_cast<std::uint16_t>(qp.flow_));  // never full: one entry per flow
+    }
+    std::uint8_t& nsinks_at(std::size_t slot) { return nsink_count[slot]; }
+
+    QueuePair& qp;
+    boost::lockfree::spsc_queue<RxEvent> events;  // -> application thread
+    boost::lockfree::spsc_queue<OrqMsg> orq;      // <- application thread
+    std::vector<std::array<std::span<std::byte>, rdmap::kMaxSge>> sinks;  // by send slot: this side's copy
+    std::vector<std::uint8_t> nsink_count = std::vector<std::uint8_t>(sinks.size());
+    std::optional<mpa::Deframer<rdmap::Endpoint>> deframer;
+    std::optional<rdmap::Endpoint> ep;
+    bool started{false};
+    bool on_rx_thread{false};  // set by the QP before go(): the doorbell is for the RX thread only (SPSC)
+    std::atomic<bool> rung{false};
+    std::atomic<std::uint64_t> lost{0};
+};
 
 std::unique_ptr<QueuePair> ProtectionDomain::create_qp(const QpInitAttr& attr) {
     if (attr.send_cq == nullptr || attr.recv_cq == nullptr) throw Error("create_qp: send_cq and recv_cq needed");
@@ -46,14 +192,17 @@ QueuePair::QueuePair(Context& ctx, ProtectionDomain& pd, const QpInitAttr& attr,
       qp_num_(qp_num),
       sq_(attr.cap.max_send_wr),
       inline_buf_(static_cast<std::size_t>(attr.cap.max_send_wr) * attr.cap.max_inline_data),
-      rq_(attr.srq != nullptr ? 0 : attr.cap.max_recv_wr),
+      recv_(attr.srq != nullptr ? 0 : attr.cap.max_recv_wr, attr.srq),
       srq_(attr.srq) {
     for (std::uint32_t i = 0; i < sq_.size(); ++i) sq_[i].next_free = i + 1 < sq_.size() ? i + 1 : kNoSlot;
     sq_free_ = 0;
+    if (ctx_.rx_) rxs_ = std::make_unique<RxSide>(*this);
     state_ = QpState::init;  // as rdma_create_qp: ready for post_recv before the connection
 }
 
 QueuePair::~QueuePair() {
+    closing_ = true;
+    detach_rx();  // first: the RX thread lets go of this QP's receive half before anything of it goes
     if (conn_ != nullptr) {
         CmId* c = conn_;
         conn_ = nullptr;
@@ -224,9 +373,8 @@ PostResult<RecvWr> QueuePair::post_recv(std::span<const RecvWr> wrs) noexcept {
                                           .qp_num = qp_num_});
             continue;
         }
-        if (rq_count_ == rq_.size()) return {PostErrc::queue_full, &wr};
-        RecvSlot& r = rq_[(rq_head_ + rq_count_) % rq_.size()];
-        r.nsge = 0;
+        if (recv_.ring.write_available() == 0) return {PostErrc::queue_full, &wr};
+        RecvSlot r{};
         std::uint64_t total = 0;
         for (const Sge& g : wr.sg_list) {
             if (check_sge(g, true, r.sge[r.nsge]) != PostErrc::none) return {PostErrc::bad_lkey, &wr};
@@ -236,8 +384,7 @@ PostResult<RecvWr> QueuePair::post_recv(std::span<const RecvWr> wrs) noexcept {
         if (total > 0xffffffffu) return {PostErrc::bad_length, &wr};
         r.wr_id = wr.wr_id;
         r.total = static_cast<std::uint32_t>(total);
-        r.bound = false;
-        ++rq_count_;
+        recv_.ring.push(r);  // ownership of the buffers' use passes to the receive side (see RecvQueue)
     }
     return {};
 }
@@ -290,70 +437,67 @@ rdmap::Mem QueuePair::tagged(std::uint32_t stag, std::uint64_t to, std::size_t l
     return ctx_.mr_lookup(stag, to, len, pd_.handle(), need);
 }
 
-RecvSlot* QueuePair::bound_recv(std::uint32_t msn) noexcept {
-    RecvSlot* r = srq_ != nullptr ? (srq_has_ ? &srq_bound_ : nullptr) : (rq_count_ != 0 ? &rq_[rq_head_] : nullptr);
-    return r != nullptr && r->bound && r->msn == msn ? r : nullptr;
-}
+// ---- the receive queue (either thread: see RecvQueue) ----
 
-rdmap::MemError QueuePair::recv_begin(std::uint32_t msn) {
-    if (srq_ != nullptr) {
-        if (srq_has_ || !srq_->take(srq_bound_)) return rdmap::MemError::no_receive;
-        srq_has_ = true;
-        srq_bound_.bound = true;
-        srq_bound_.msn = msn;
-        return rdmap::MemError::none;
-    }
-    if (rq_count_ == 0) return rdmap::MemError::no_receive;
-    RecvSlot& r = rq_[rq_head_];
-    r.bound = true;
-    r.msn = msn;
+rdmap::MemError QueuePair::RecvQueue::begin(std::uint32_t msn, bool& srq_limit) noexcept {
+    srq_limit = false;
+    if (has) return rdmap::MemError::no_receive;  // not reached: RDMAP binds one message at a time
+    const bool got = srq != nullptr ? srq->take(bound, srq_limit) : ring.pop(bound);
+    if (!got) return rdmap::MemError::no_receive;
+    has = true;
+    bound.bound = true;
+    bound.msn = msn;
     return rdmap::MemError::none;
 }
 
-rdmap::Mem QueuePair::recv_place(std::uint32_t msn, std::uint32_t mo, std::size_t len) {
-    const RecvSlot* rp = bound_recv(msn);
+const RecvSlot* QueuePair::RecvQueue::current(std::uint32_t msn) const noexcept {
+    return has && bound.msn == msn ? &bound : nullptr;
+}
+
+rdmap::Mem QueuePair::RecvQueue::place(std::uint32_t msn, std::uint32_t mo, std::size_t len) const noexcept {
+    const RecvSlot* rp = current(msn);
     if (rp == nullptr) return {.err = rdmap::MemError::bounds};
-    const RecvSlot& r = *rp;
     std::uint32_t off = mo;
-    for (std::size_t i = 0; i < r.nsge; ++i) {
-        if (off < r.sge[i].size())
-            return {r.sge[i].data() + off, std::min<std::size_t>(len, r.sge[i].size() - off), rdmap::MemError::none};
-        off -= static_cast<std::uint32_t>(r.sge[i].size());
+    for (std::size_t i = 0; i < rp->nsge; ++i) {
+        if (off < rp->sge[i].size())
+            return {rp->sge[i].data() + off, std::min<std::size_t>(len, rp->sge[i].size() - off), rdmap::MemError::none};
+        off -= static_cast<std::uint32_t>(rp->sge[i].size());
     }
     return {.err = rdmap::MemError::bounds};
 }
 
-rdmap::MemError QueuePair::invalidate(std::uint32_t stag) {
-    Context::MrEntry* e = ctx_.mr_entry(stag);
-    if (e == nullptr) return rdmap::MemError::invalid_stag;
-    if (e->key != (stag & 0xffu) || !e->valid) return rdmap::MemError::invalidated;
-    if (e->pd != pd_.handle()) return rdmap::MemError::wrong_pd;
-    e->valid = false;
-    return rdmap::MemError::none;
+WorkCompletion QueuePair::RecvQueue::complete(const rdmap::Completion& c, std::uint32_t qp_num) noexcept {
+    WorkCompletion wc{.wr_id = bound.wr_id,
+                      .status = c.status == rdmap::WcStatus::success ? WcStatus::success : WcStatus::wr_flush_err,
+                      .opcode = c.has_imm ? WcOpcode::recv_rdma_with_imm : WcOpcode::recv,
+                      .byte_len = c.byte_len,
+                      .imm_data = c.imm,
+                      .invalidated_rkey = c.inv_stag,
+                      .qp_num = qp_num};
+    if (c.has_imm) wc.wc_flags |= wc_flags::with_imm;
+    if (c.has_inv) wc.wc_flags |= wc_flags::with_inv;
+    if (c.solicited) wc.wc_flags |= wc_flags::solicited;
+    has = false;
+    return wc;
 }
+
+rdmap::MemError QueuePair::recv_begin(std::uint32_t msn) {
+    bool limit = false;
+    const rdmap::MemError e = recv_.begin(msn, limit);
+    if (limit) ctx_.push_async(AsyncEvent{AsyncEventType::srq_limit_reached, srq_});
+    return e;
+}
+
+rdmap::Mem QueuePair::recv_place(std::uint32_t msn, std::uint32_t mo, std::size_t len) {
+    return recv_.place(msn, mo, len);
+}
+
+rdmap::MemError QueuePair::invalidate(std::uint32_t stag) { return ctx_.mr_invalidate(stag, pd_.handle()); }
 
 void QueuePair::on_completion(const rdmap::Completion& c) {
     if (c.kind == rdmap::WcKind::recv) {
-        const RecvSlot* rp = bound_recv(c.msn);
-        if (rp == nullptr) return;
-        const RecvSlot& r = *rp;
-        WorkCompletion wc{.wr_id = r.wr_id,
-                          .status = c.status == rdmap::WcStatus::success ? WcStatus::success : WcStatus::wr_flush_err,
-                          .opcode = c.has_imm ? WcOpcode::recv_rdma_with_imm : WcOpcode::recv,
-                          .byte_len = c.byte_len,
-                          .imm_data = c.imm,
-                          .invalidated_rkey = c.inv_stag,
-                          .qp_num = qp_num_};
-        if (c.has_imm) wc.wc_flags |= wc_flags::with_imm;
-        if (c.has_inv) wc.wc_flags |= wc_flags::with_inv;
-        if (c.solicited) wc.wc_flags |= wc_flags::solicited;
-        if (srq_ != nullptr) {
-            srq_has_ = false;
-        } else {
-            rq_head_ = (rq_head_ + 1) % rq_.size();
-            --rq_count_;
-        }
-        recv_cq_->push(wc);
+        if (recv_.current(c.msn) == nullptr) return;
+        recv_cq_->push(recv_.complete(c, qp_num_));
         return;
     }
     if (c.wr_id == kRtrWrId || c.wr_id >= sq_.size()) return;  // the RTR: internal
@@ -371,23 +515,23 @@ void QueuePair::on_terminate(const rdmap::TermReport& t) {
 
 // ==== state ==================================================================================================
 
+// Flushes every posted receive, the bound one first. Consumer side of RecvQueue: with an RX thread, only
+// after detach_rx() gave the receive half back to this thread.
 void QueuePair::flush_rq() noexcept {
-    if (srq_has_) {  // the SRQ WR this QP took; the SRQ's own WRs stay for the other QPs
-        recv_cq_->push(WorkCompletion{.wr_id = srq_bound_.wr_id, .status = WcStatus::wr_flush_err,
+    if (recv_.has) {  // with an SRQ: the WR this QP took; the SRQ's own WRs stay for the other QPs
+        recv_cq_->push(WorkCompletion{.wr_id = recv_.bound.wr_id, .status = WcStatus::wr_flush_err,
                                       .opcode = WcOpcode::recv, .qp_num = qp_num_});
-        srq_has_ = false;
+        recv_.has = false;
     }
-    while (rq_count_ > 0) {
-        const RecvSlot& r = rq_[rq_head_];
+    RecvSlot r;
+    while (recv_.ring.pop(r))
         recv_cq_->push(WorkCompletion{.wr_id = r.wr_id, .status = WcStatus::wr_flush_err, .opcode = WcOpcode::recv,
                                       .qp_num = qp_num_});
-        rq_head_ = (rq_head_ + 1) % rq_.size();
-        --rq_count_;
-    }
 }
 
 void QueuePair::enter_error() noexcept {
     state_ = QpState::err;
+    detach_rx();
     flush_rq();  // the endpoint flushes its send side right after on_terminate
     schedule_tx();  // the TERMINATE goes out, then the connection closes (tx_pump)
 }
@@ -399,6 +543,7 @@ void QueuePair::stream_lost() noexcept {
         ep_->on_llp_error(mpa::kTermConnectionLost);  // flushes SQ/ORQ through on_completion; nothing is sent
     }
     state_ = QpState::err;
+    detach_rx();
     flush_rq();
 }
 
@@ -412,12 +557,29 @@ void QueuePair::enter_rts(CmId& conn, const mpa::Agreed& agreed, std::uint32_t e
     framer_.emplace(*fpdu_tx_);
     deframer_.emplace(mpa::rx_config(agreed));
     rdmap::Upper& upper = *this;
-    ep_.emplace(upper, *framer_, rdmap::Config{.sq_depth = cap_.max_send_wr + 1 /* + the RTR */, .ird = agreed.ird, .ord = agreed.ord});
+    rdmap::Config ecfg{.sq_depth = cap_.max_send_wr + 1 /* + the RTR */, .ird = agreed.ird, .ord = agreed.ord};
+    if (rxs_) {
+        // RX thread: this endpoint sends; the receive half (its own endpoint and deframer) goes to the RX thread
+        // at the handover. Between them: RxSide's rings and answered_.
+        answered_.store(0, std::memory_order_relaxed);
+        ecfg.role = rdmap::Role::tx;
+        ecfg.answered = &answered_;
+        rxs_->start(agreed, ecfg);
+    }
+    ep_.emplace(upper, *framer_, ecfg);
     tx_buf_.assign(std::max<std::uint32_t>(emss, 64), std::byte{0});
     tx_off_ = tx_len_ = 0;
     tx_gate_ = !initiator && agreed.responder_waits_for_first_fpdu;
     closing_ = false;
     state_ = QpState::rts;
+    if (rxs_ && conn.conn_) {
+        if (!initiator) watch_stream(*conn.conn_);  // the initiator's FPDUs come only after our reply
+        if (flow_ >= 0 && !ctx_.rx_->handover(static_cast<std::uint16_t>(flow_), rxs_.get())) {
+            spdlog::error("softrdma: RX thread command ring full: QP {} keeps its receive path here", qp_num_);
+            ctx_.free_flow(flow_);
+            flow_ = -1;
+        }
+    }
     if (initiator && agreed.p2p && agreed.rtr != mpa::RtrType::none) {
         // RFC 6581 RTR: a zero-length WRITE or READ to STag 1, sent before any other FPDU; no completion.
         rdmap::WorkRequest w{};
@@ -437,13 +599,22 @@ void QueuePair::enter_rts(CmId& conn, const mpa::Agreed& agreed, std::uint32_t e
 
 void QueuePair::rx_bytes(std::span<const std::byte> bytes) noexcept {
     if (!ep_ || bytes.empty()) return;
+    if (rxs_) {
+        // Before the handover (the initiator's FPDUs that came with or right after the MPA reply) the receive half
+        // runs here, on the bytes lwIP delivers; after it, lwIP's bytes for this stream are stand-ins for what the
+        // RX thread placed.
+        if (handed_over_ || state_ == QpState::err) return;
+        rxs_->rx_payload(bytes);
+        drain_rx_events();
+        return;
+    }
     if (tx_gate_) {
         tx_gate_ = false;  // the initiator's first FPDU (or RTR) is arriving: the responder may send
         schedule_tx();
     }
     const std::uint64_t placed = ep_->placed_bytes();
     rdmap::receive(*deframer_, *ep_, bytes);
-    ctx_.placed_bytes_ += ep_->placed_bytes() - placed;
+    ctx_.placed_bytes_.fetch_add(ep_->placed_bytes() - placed, std::memory_order_relaxed);
     if (ep_->tx_ready()) schedule_tx();  // READ/atomic responses, TERMINATE
 }
 
@@ -493,6 +664,105 @@ void QueuePair::tx_pump() noexcept {
     }
 }
 
+// ==== the receive half on the RX thread ======================================================================
+
+void QueuePair::on_request_sent(const rdmap::OrqEntry& e) {
+    OrqMsg m{.e = e};
+    if (e.wr_id < sq_.size()) {
+        m.sink = sq_[e.wr_id].sink;
+        m.nsink = sq_[e.wr_id].nsink;
+    }
+    if (rxs_) rxs_->orq.push(m);  // never full: one per send slot + the RTR
+}
+
+void QueuePair::watch_stream(stack::TcpConnection& conn) noexcept {
+    if (!ctx_.rx_ || flow_ >= 0) return;
+    flow_ = ctx_.alloc_flow(this);
+    if (flow_ < 0) return;  // not followed: the receive half stays on this thread
+    const stack::TcpConnection::FlowInfo fi = conn.flow_info();
+    if (!ctx_.rx_->watch(static_cast<std::uint16_t>(flow_), threading::flow_key(fi.remote_ip_be, fi.remote_port, fi.local_port),
+                         fi.rcv_nxt)) {
+        ctx_.free_flow(flow_);
+        flow_ = -1;
+    }
+}
+
+void QueuePair::on_marker() noexcept {
+    if (flow_ < 0 || !rxs_ || handed_over_ || state_ == QpState::err) return;
+    rxs_->on_rx_thread = true;
+    handed_over_ = true;
+    ctx_.rx_->go(static_cast<std::uint16_t>(flow_));  // the RX thread owns the receive half from here
+}
+
+void QueuePair::on_gap() noexcept {
+    if (conn_ != nullptr && conn_->conn_) conn_->conn_->ack_now();
+}
+
+void QueuePair::drain_rx_events() noexcept {
+    if (!rxs_) return;
+    rxs_->rung.store(false, std::memory_order_seq_cst);  // before draining: an event pushed now rings again
+    RxEvent e;
+    while (rxs_->events.pop(e)) {
+        switch (e.kind) {
+        case RxEvent::Kind::recv: recv_cq_->push(e.wc); break;
+        case RxEvent::Kind::request_done:
+            if (ep_) ep_->request_done();
+            if (e.slot < sq_.size()) complete_send(static_cast<std::uint32_t>(e.slot), e.ok ? WcStatus::success : WcStatus::wr_flush_err);
+            if (ep_ && ep_->tx_ready()) schedule_tx();
+            break;
+        case RxEvent::Kind::inbound:
+            if (ep_) ep_->answer(e.irq);
+            schedule_tx();
+            break;
+        case RxEvent::Kind::terminate:
+            if (!closing_ && !term_) term_ = TerminateInfo{e.code, e.received};
+            if (ep_) {
+                if (e.received) ep_->stop(e.code);
+                else ep_->send_terminate(e.code, std::span<const std::byte>(e.term).first(e.term_len));
+            }
+            if (state_ != QpState::err) enter_error();
+            break;
+        case RxEvent::Kind::first_bytes:
+            if (tx_gate_) {
+                tx_gate_ = false;  // the initiator's first FPDU (or RTR) arrived: the responder may send
+                schedule_tx();
+            }
+            break;
+        case RxEvent::Kind::srq_limit: ctx_.push_async(AsyncEvent{AsyncEventType::srq_limit_reached, srq_}); break;
+        }
+    }
+}
+
+// Takes the receive half back from the RX thread (control path: waits, bounded, for the RX thread to let go)
+// and flushes what it held: outstanding READ/atomic requests and the bound receive.
+void QueuePair::detach_rx() noexcept {
+    if (!rxs_) return;
+    if (flow_ >= 0) {
+        std::atomic<bool> done{false};
+        if (ctx_.rx_->remove(static_cast<std::uint16_t>(flow_), done)) {
+            const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+            while (!done.load(std::memory_order_acquire) && std::chrono::steady_clock::now() < until)
+                std::this_thread::yield();
+        }
+        if (!done.load(std::memory_order_acquire)) {
+            // The RX thread did not answer: it may still call this QP; leaking is safer than freeing.
+            spdlog::error("softrdma: RX thread did not release QP {} in 2 s", qp_num_);
+            rxs_.release();
+            return;
+        }
+        ctx_.free_flow(flow_);
+        flow_ = -1;
+    }
+    rxs_->on_rx_thread = false;
+    if (rxs_->ep && rxs_->ep->state() == rdmap::State::operational) {
+        const bool was_closing = closing_;
+        closing_ = true;  // a flush, not a protocol error: no TERMINATE info from this
+        rxs_->ep->on_llp_error(mpa::kTermConnectionLost);  // flushes outstanding requests as events
+        closing_ = was_closing;
+    }
+    drain_rx_events();
+}
+
 // ==== shared receive queue ===================================================================================
 
 std::unique_ptr<SharedReceiveQueue> ProtectionDomain::create_srq(const SrqInitAttr& attr) {
@@ -502,14 +772,13 @@ std::unique_ptr<SharedReceiveQueue> ProtectionDomain::create_srq(const SrqInitAt
 }
 
 SharedReceiveQueue::SharedReceiveQueue(Context& ctx, ProtectionDomain& pd, const SrqInitAttr& attr)
-    : ctx_(ctx), pd_(pd), max_sge_(attr.max_sge), limit_(attr.srq_limit), ring_(attr.max_wr) {}
+    : ctx_(ctx), pd_(pd), max_sge_(attr.max_sge), max_wr_(attr.max_wr), limit_(attr.srq_limit), ring_(attr.max_wr) {}
 
 PostResult<RecvWr> SharedReceiveQueue::post_recv(std::span<const RecvWr> wrs) noexcept {
     for (const RecvWr& wr : wrs) {
         if (wr.sg_list.size() > max_sge_) return {PostErrc::too_many_sge, &wr};
-        if (count_ == ring_.size()) return {PostErrc::queue_full, &wr};
-        RecvSlot& r = ring_[(head_ + count_) % ring_.size()];
-        r.nsge = 0;
+        if (count_.load(std::memory_order_relaxed) >= max_wr_) return {PostErrc::queue_full, &wr};
+        RecvSlot r{};
         std::uint64_t total = 0;
         for (const Sge& g : wr.sg_list) {
             const rdmap::Mem m = ctx_.mr_lookup(g.lkey, g.addr, g.length, pd_.handle(), access::local_write);
@@ -520,21 +789,19 @@ PostResult<RecvWr> SharedReceiveQueue::post_recv(std::span<const RecvWr> wrs) no
         if (total > 0xffffffffu) return {PostErrc::bad_length, &wr};
         r.wr_id = wr.wr_id;
         r.total = static_cast<std::uint32_t>(total);
-        r.bound = false;
-        ++count_;
+        if (!ring_.bounded_push(r)) return {PostErrc::queue_full, &wr};  // nodes: max_wr, allocated at creation
+        count_.fetch_add(1, std::memory_order_release);
     }
     return {};
 }
 
-bool SharedReceiveQueue::take(RecvSlot& out) noexcept {
-    if (count_ == 0) return false;
-    out = ring_[head_];
-    head_ = (head_ + 1) % ring_.size();
-    --count_;
-    if (limit_ != 0 && count_ < limit_) {
-        limit_ = 0;  // fires once per arm
-        ctx_.push_async(AsyncEvent{AsyncEventType::srq_limit_reached, this});
-    }
+bool SharedReceiveQueue::take(RecvSlot& out, bool& limit_reached) noexcept {
+    limit_reached = false;
+    if (!ring_.pop(out)) return false;
+    const std::uint32_t left = count_.fetch_sub(1, std::memory_order_acq_rel) - 1;
+    std::uint32_t lim = limit_.load(std::memory_order_relaxed);
+    // Fires once per arm: whoever swaps the armed limit to 0 reports it.
+    if (lim != 0 && left < lim && limit_.compare_exchange_strong(lim, 0, std::memory_order_relaxed)) limit_reached = true;
     return true;
 }
 

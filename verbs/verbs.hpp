@@ -44,10 +44,11 @@
 #include "rdmap/stream.hpp"
 #include "stack/stack.hpp"
 #include "threading/config.hpp"
+#include "threading/rx_thread.hpp"
 
-namespace softrdma::threading {
-class RxThread;
-}
+#include <boost/lockfree/queue.hpp>
+#include <boost/lockfree/spsc_queue.hpp>
+
 namespace softrdma::stack {
 class TcpConnection;
 class TcpListener;
@@ -274,23 +275,27 @@ public:
     SharedReceiveQueue(const SharedReceiveQueue&) = delete;
     SharedReceiveQueue& operator=(const SharedReceiveQueue&) = delete;
     PostResult<RecvWr> post_recv(std::span<const RecvWr> wrs) noexcept;
-    void arm_limit(std::uint32_t limit) noexcept { limit_ = limit; }
-    std::uint32_t limit() const noexcept { return limit_; }
-    std::size_t posted() const noexcept { return count_; }
+    void arm_limit(std::uint32_t limit) noexcept { limit_.store(limit, std::memory_order_relaxed); }
+    std::uint32_t limit() const noexcept { return limit_.load(std::memory_order_relaxed); }
+    std::size_t posted() const noexcept { return count_.load(std::memory_order_relaxed); }
 
 private:
     friend class ProtectionDomain;
     friend class QueuePair;
     SharedReceiveQueue(Context& ctx, ProtectionDomain& pd, const SrqInitAttr& attr);
-    bool take(RecvSlot& out) noexcept;  // the oldest WR, and the limit check
+    // The oldest WR; `limit_reached` true when this take crossed the armed limit (the caller queues the event).
+    bool take(RecvSlot& out, bool& limit_reached) noexcept;
 
     Context& ctx_;
     ProtectionDomain& pd_;
     std::uint32_t max_sge_;
-    std::uint32_t limit_;
-    std::vector<RecvSlot> ring_;
-    std::size_t head_{0};
-    std::size_t count_{0};
+    std::uint32_t max_wr_;
+    std::atomic<std::uint32_t> limit_;
+    // Posted by the application thread, taken by whichever thread runs each QP's receive side (with an RX
+    // thread: that thread, or the application thread before a QP's handover): a bounded lock-free MPMC
+    // queue, max_wr nodes allocated at creation.
+    boost::lockfree::queue<RecvSlot, boost::lockfree::fixed_sized<true>> ring_;
+    std::atomic<std::uint32_t> count_{0};
 };
 
 enum class AsyncEventType : std::uint8_t { srq_limit_reached };
@@ -412,16 +417,38 @@ private:
     std::uint32_t sq_free_{0};
     std::uint32_t sq_used_{0};
     std::vector<std::byte> inline_buf_;
-    // Sizing: one RecvSlot per max_recv_wr, a FIFO. The front is the one the inbound message is bound to
-    // (RDMAP keeps at most one untagged message in progress).
-    std::vector<RecvSlot> rq_;
-    std::size_t rq_head_{0};
-    std::size_t rq_count_{0};
-    // With an SRQ: the WR taken for the inbound message in progress (at most one, as rq_'s front).
+    // The receive side: posted receives (own ring, or the SRQ) and the one bound to the inbound message in
+    // progress (RDMAP keeps at most one untagged message in progress). Producer: post_recv (application
+    // thread); consumer: whoever runs the stream's receive path (this thread, or the RX thread after the
+    // handover), which alone touches `bound`. Sizing: max_recv_wr slots allocated at creation.
+    struct RecvQueue {
+        RecvQueue(std::uint32_t depth, SharedReceiveQueue* s) : ring(std::max<std::uint32_t>(depth, 1)), srq(s) {}
+        boost::lockfree::spsc_queue<RecvSlot> ring;
+        SharedReceiveQueue* srq;
+        RecvSlot bound{};
+        bool has{false};
+        rdmap::MemError begin(std::uint32_t msn, bool& srq_limit) noexcept;
+        rdmap::Mem place(std::uint32_t msn, std::uint32_t mo, std::size_t len) const noexcept;
+        const RecvSlot* current(std::uint32_t msn) const noexcept;
+        WorkCompletion complete(const rdmap::Completion& c, std::uint32_t qp_num) noexcept;
+    };
+    RecvQueue recv_;
     SharedReceiveQueue* srq_{nullptr};
-    RecvSlot srq_bound_{};
-    bool srq_has_{false};
-    RecvSlot* bound_recv(std::uint32_t msn) noexcept;
+
+    // ---- with the RX thread (threading::Mode::rx_thread) ----
+    // The stream's receive half (deframer + an rx-role endpoint) that the RX thread runs after the handover;
+    // it talks to this QP through SPSC rings only (qp.cpp).
+    struct RxSide;
+    std::unique_ptr<RxSide> rxs_;
+    int flow_{-1};               // the Context's flow id of this QP's connection, while the RX thread follows it
+    bool handed_over_{false};    // the RX thread places this stream: lwIP's bytes for it are stand-ins
+    std::atomic<std::uint32_t> answered_{0};  // inbound requests answered (tx endpoint -> rx endpoint)
+    void on_request_sent(const rdmap::OrqEntry& e) override;
+    void watch_stream(stack::TcpConnection& conn) noexcept;
+    void on_marker() noexcept;
+    void on_gap() noexcept;
+    void drain_rx_events() noexcept;
+    void detach_rx() noexcept;
 
     // Stream (RDMA mode), built by enter_rts.
     std::optional<mpa::FpduTx> fpdu_tx_;
@@ -638,6 +665,8 @@ public:
     io::Port& port() noexcept { return *port_; }
     threading::Mode threading_mode() const noexcept { return cfg_.threading.mode; }
     RxCopyStats rx_copy_stats() const noexcept;
+    // The RX thread's counters (frames, copies, placed payload, drops); nullopt in run-to-completion mode.
+    std::optional<threading::RxCounters> rx_thread_counters() const noexcept;
 
 private:
     friend class ProtectionDomain;
@@ -648,14 +677,18 @@ private:
     friend class SharedReceiveQueue;
     explicit Context(const ContextConfig& cfg);
 
+    // One MR table entry. With an RX thread the table is read there (placement checks) and by the application
+    // thread, and SEND with Invalidate clears `valid` there: every field is an atomic (relaxed; x86 plain
+    // loads). An entry is only reused after the RX thread has quiesced (MemoryRegion's destructor), so a
+    // check never mixes two registrations' fields in a way that lets a write land outside either region.
     struct MrEntry {
-        std::byte* base{nullptr};
-        std::size_t length{0};
-        std::uint32_t pd{0};
-        std::uint32_t access{0};
-        std::uint8_t key{0};
-        bool in_use{false};
-        bool valid{false};
+        std::atomic<std::byte*> base{nullptr};
+        std::atomic<std::size_t> length{0};
+        std::atomic<std::uint32_t> pd{0};
+        std::atomic<std::uint32_t> access{0};
+        std::atomic<std::uint8_t> key{0};
+        std::atomic<bool> in_use{false};
+        std::atomic<bool> valid{false};
     };
     // The MR check: PD, access, bounds, key, validity. `len` bytes at `to`. For local SGEs pass the local
     // right needed (0 = read only).
@@ -673,8 +706,17 @@ private:
     // stops it first), and its slots outlive the stack, whose pbufs may still reference them.
     std::unique_ptr<threading::RxThread> rx_;
     std::unique_ptr<stack::Stack> stack_;
-    std::uint64_t placed_bytes_{0};      // RxCopyStats::payload_bytes (application thread)
-    std::vector<MrEntry> mrs_;           // sized max_mr at open
+    std::atomic<std::uint64_t> placed_bytes_{0};  // RxCopyStats::payload_bytes (either thread, relaxed)
+    // RX thread mode: flow ids (one per QP whose connection the RX thread follows) and the doorbell ring on
+    // which the RX thread names flows with new receive events. Sizing: max_qp each, allocated at open; a flow
+    // is on the doorbell at most once (RxSide's `rung` flag), so it never overflows.
+    std::vector<QueuePair*> flows_;
+    std::vector<std::uint16_t> flow_free_;
+    std::unique_ptr<boost::lockfree::spsc_queue<std::uint16_t>> doorbell_;
+    int alloc_flow(QueuePair* qp) noexcept;
+    void free_flow(int id) noexcept;
+    rdmap::MemError mr_invalidate(std::uint32_t stag, std::uint32_t pd) noexcept;
+    std::unique_ptr<MrEntry[]> mrs_;     // max_mr entries, allocated at open
     std::vector<std::uint32_t> mr_free_;
     std::uint8_t next_key_{0x5a};
     std::uint32_t next_pd_{1};

@@ -130,6 +130,9 @@
 #define CHECKSUM_CHECK_TCP              1
 #define LWIP_CHKSUM_ALGORITHM           3
 #define LWIP_CHECKSUM_ON_COPY           0
+// Per-netif control: with the RX thread (StackConfig::rx_external) the RX thread verifies TCP checksums and
+// lwIP does not (frames whose payload was placed reach lwIP as headers only).
+#define LWIP_CHECKSUM_CTRL_PER_NETIF    1
 
 /* ---- statistics: pools and heap, so tests check every pool returns to its start ------------------- */
 #define LWIP_STATS                      1
