@@ -171,7 +171,10 @@ public:
             peer_status |= c.status;
             if (k < nph) run_client_phase(k);
         }
-        if (!o_.json.empty()) write_json(o_.json, p_, o_.threading, o_.mtu, lat_, bw_);
+        if (!o_.json.empty()) {
+            if (status == 0 && peer_status == 0) write_json(o_.json, p_, o_.threading, o_.mtu, lat_, bw_);
+            else std::fprintf(stderr, "rdma_perf client: no JSON written (content check failed)\n");
+        }
         return end(status != 0 || peer_status != 0 ? 5 : 0);
     }
 
