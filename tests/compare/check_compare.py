@@ -167,5 +167,14 @@ left = subprocess.run(["pgrep", "-f", f"kernel_tcp.*--port {compare.KERNEL_PORT}
 check(left.stdout.strip() == "", "no kernel_tcp process left behind")
 shutil.rmtree(out2, ignore_errors=True)
 
+# ---- 4. without root the kernel part refuses at once, saying why ------------------------------------------
+if shutil.which("su") and subprocess.run(["id", "nobody"], stdout=subprocess.DEVNULL).returncode == 0:
+    r = subprocess.run(["su", "nobody", "-s", "/bin/sh", "-c",
+                        f"{py} {os.path.join(src, 'bench', 'compare', 'compare.py')} --quick --build {build} "
+                        f"--out /nonexistent/compare"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                       timeout=30)
+    check(r.returncode == 2 and "needs root" in r.stdout and "--skip kernel" in r.stdout,
+          f"not root: exit 2 with a clear message ({r.returncode}: {r.stdout.strip()[:90]})")
+
 print(f"{len(failures)} failure(s)" if failures else "all checks passed")
 sys.exit(1 if failures else 0)
