@@ -158,13 +158,16 @@ inline verbs::CmEvent expect_cm_event(verbs::Context& ctx, verbs::CmEventType wa
 // One turn of the polling loop (Context::poll: RX, protocol, TX), with the examples' idle policy: with one
 // thread per process (run to completion) each process has a core and spins. With an RX thread, that thread
 // needs a core too and this machine may have fewer cores than busy threads, so after 64 turns that received
-// nothing the turn also yields the core. `idle` counts idle turns (the caller's, starting at 0).
-inline void poll_turn(verbs::Context& ctx, unsigned& idle) noexcept {
-    if (ctx.poll() != 0) {
+// nothing the turn also yields the core. `idle` counts idle turns (the caller's, starting at 0). Returns the
+// frames received.
+inline unsigned poll_turn(verbs::Context& ctx, unsigned& idle) noexcept {
+    const unsigned frames = ctx.poll();
+    if (frames != 0) {
         idle = 0;
     } else if (++idle > 64 && ctx.threading_mode() == softrdma::threading::Mode::rx_thread) {
         std::this_thread::yield();
     }
+    return frames;
 }
 
 // Polls until done() or the deadline. A template, not a std::function, so the data path builds nothing on

@@ -152,14 +152,19 @@ int server(const NetOptions& net) {
         e.buf[2 * std::size_t{size} - 1] = std::byte{mark(i)};
         e.post(verbs::WrOpcode::rdma_write, size);
     }
-    // Then the client READs as it likes; we keep polling (that is what answers READs) until it disconnects.
+    // Then the client READs as it likes; we keep polling (that is what answers READs) until it disconnects,
+    // or until nothing has arrived for the time limit.
     auto last = Clock::now();
+    unsigned idle = 0;
     for (;;) {
-        auto ev = e.ctx->wait_cm_event(100ms);
+        if (poll_turn(*e.ctx, idle) != 0) last = Clock::now();
         e.reap();
-        if (ev && ev->type == verbs::CmEventType::disconnected) break;
-        if (ev) throw std::runtime_error(std::string("CM event ") + verbs::to_string(ev->type));
-        if (Clock::now() - last > limit + limit) throw std::runtime_error("the client did not disconnect");
+        if (auto ev = e.ctx->get_cm_event()) {
+            if (ev->type == verbs::CmEventType::disconnected) break;
+            throw std::runtime_error(std::string("CM event ") + verbs::to_string(ev->type));
+        }
+        if (idle > 0 && (idle & 1023) == 0 && Clock::now() - last > limit)
+            throw std::runtime_error("nothing from the client for " + std::to_string(net.timeout_s) + " s");
     }
     finish_close(*e.ctx);
     quiet_exit_pause();
