@@ -25,8 +25,8 @@ std::pair<PeerConfig, PeerConfig> memif_pair(std::uint16_t mtu = 1500);
 
 // The end of every two-process role: waits for every connection to finish closing, drops TIME_WAIT, compares
 // lwIP's pools and DPDK's mempool with `baseline` (taken right after the stack was built), reports
-// "pools back to start" or what differs plus the stack/port counters, then pauses 300 ms without polling
-// (see tcp_roles.cpp). Returns rc, or 3 if rc was 0 and the pools differ.
+// "pools back to start" or what differs plus the stack/port counters. Returns rc, or 3 if rc was 0 and the
+// pools differ.
 int finish_checks(stack::Stack& stack, io::Port& port, const stack::PoolUsage& baseline, int rc);
 
 // Listens on cfg.tcp_port, accepts `connections` streams of `bytes` each (after an 8-byte seed header),
@@ -39,8 +39,7 @@ int stream_client(const PeerConfig& cfg, std::uint64_t bytes, unsigned connectio
 int dead_peer_detecting_server(const PeerConfig& cfg);
 // Sends part of a stream, then the process ends at once (no FIN, no RST): a peer that dies.
 int dying_client(const PeerConfig& cfg, std::uint64_t bytes_before_death);
-// Runs a stack with no listener: answers the peer's first frames, then waits (not polling) until the peer
-// leaves (link down) or `seconds` pass.
+// Runs a stack with no listener until the peer leaves (link down) or `seconds` pass.
 int idle_peer(const PeerConfig& cfg, unsigned seconds);
 // Connects to a port nobody listens on; succeeds if the error reported is "refused".
 int refused_client(const PeerConfig& cfg);
