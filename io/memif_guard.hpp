@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: MIT
-// Internal to io/ (not installed): keeps DPDK 22.11's memif driver from unmapping a connection's shared
-// memory while this process may still be inside rx/tx burst on it. What the driver does and why this is
-// needed: memif_guard.cpp. How io::Port uses it: port.cpp (Port::watch_link, Port::close).
+// Internal to io/ (installed only because io::Port holds one): keeps DPDK 22.11's memif driver from
+// unmapping a connection's shared memory while this process may still be inside rx/tx burst on it. What the
+// driver does and why this is needed: memif_guard.cpp. How io::Port uses it: port.cpp (Port::watch_link,
+// Port::close).
 #pragma once
 
 #include <cstdint>
