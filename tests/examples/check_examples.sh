@@ -110,6 +110,30 @@ nohuge)
   [ "$(grep -c 'no free hugepages' <<<"$out")" -eq 1 ] || fail "the no-hugepages note is not there exactly once"
   check_percentiles "pingpong: SEND/RECV 64 bytes, half round trip" 100
   ;;
+afpacket)
+  # --af-packet: server and client in two network namespaces this test creates (and removes), joined by a veth
+  # pair; the kernel's veth carries the frames.
+  if [ "$(id -u)" -ne 0 ] || ! command -v ip >/dev/null; then echo "skipped: needs root and iproute2"; exit 77; fi
+  a=sr-exa$$; b=sr-exb$$
+  trap 'kill $server 2>/dev/null; ip netns del $a 2>/dev/null; ip netns del $b 2>/dev/null; rm -f /tmp/softrdma-af-$$.server' EXIT
+  server=
+  ip netns add $a && ip netns add $b && ip link add va$$ type veth peer name vb$$ &&
+    ip link set va$$ netns $a && ip link set vb$$ netns $b && ip -n $a link set va$$ up && ip -n $b link set vb$$ up ||
+    fail "cannot make the namespaces"
+  ip netns exec $a timeout 60 "$exe" --server --af-packet va$$ --ip 10.77.0.1 --no-huge --lcores 0 --timeout 20 \
+    >/tmp/softrdma-af-$$.server 2>&1 &
+  server=$!
+  sleep 0.5
+  echo "\$ ip netns exec $b $(basename "$exe") --client --af-packet vb$$ ..."
+  out=$(ip netns exec $b timeout 60 "$exe" --client --af-packet vb$$ --ip 10.77.0.2 --peer-ip 10.77.0.1 --no-huge \
+    --lcores 1 --iters 200 --warmup 20 --size 1000 --timeout 20 2>&1); rc=$?
+  echo "$out"
+  wait $server; src=$?
+  cat /tmp/softrdma-af-$$.server
+  [ $rc -eq 0 ] || fail "client exit code $rc"
+  [ $src -eq 0 ] || fail "server exit code $src"
+  check_percentiles "pingpong: SEND/RECV 1000 bytes, half round trip" 200
+  ;;
 *) fail "unknown check $what" ;;
 esac
 echo "ok: $what"
