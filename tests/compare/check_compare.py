@@ -18,6 +18,7 @@ import time
 
 src, build = sys.argv[1], sys.argv[2]
 here = os.path.join(src, "tests", "compare")
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, os.path.join(src, "bench", "compare"))
 import compare  # noqa: E402  (bench/compare/compare.py)
 
