@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: MIT
 #include "bench/perf/output.hpp"
 
+#include <unistd.h>
+
 #include <stdexcept>
 
 namespace softrdma::perf {
@@ -10,6 +12,14 @@ void print_banner(std::FILE* f, const WireParams& p, const Options& o) {
     std::fprintf(f, "# rdma_perf %s %s | mtu %u | threading %s | crc %s | %s\n", to_string(p.test),
                  to_string(p.kind), o.mtu, o.threading.c_str(), o.crc ? "required" : "off",
                  o.mode == Mode::local ? "local: two processes over memif" : "remote");
+    // Busy-polling figures depend on having the cores: say how loaded the machine was.
+    if (std::FILE* la = std::fopen("/proc/loadavg", "r")) {
+        double l1 = 0, l5 = 0;
+        if (std::fscanf(la, "%lf %lf", &l1, &l5) == 2)
+            std::fprintf(f, "# load average %.2f (1 min) %.2f (5 min) on %ld cpus at start\n", l1, l5,
+                         ::sysconf(_SC_NPROCESSORS_ONLN));
+        std::fclose(la);
+    }
     if (p.kind == Kind::lat)
         std::fprintf(f, "# latency: %s; every message's content is checked at the first and last timed message\n",
                      half ? "half round trip (ping-pong / 2)" : "full round trip");
