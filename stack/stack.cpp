@@ -13,6 +13,7 @@
 #include <rte_cycles.h>
 #include <spdlog/spdlog.h>
 
+#include "io/tsan.hpp"
 #include "stack/lwip_includes.hpp"
 
 namespace softrdma::stack {
@@ -133,6 +134,7 @@ signed char Stack::link_output(netif* nif, pbuf* p) {
         return ERR_IF;
     }
     rte_mbuf* m = self->port_.alloc();
+    io::wire_acquire(self->port_.pool());  // the mbuf may have been the RX thread's (see io/tsan.hpp)
     if (m == nullptr) {
         ++self->counters_.tx_dropped;
         return ERR_MEM;
@@ -154,6 +156,7 @@ signed char Stack::link_output(netif* nif, pbuf* p) {
 // Hands queued frames to the driver until it refuses; the rest wait for the next turn (RX keeps being
 // polled meanwhile, so two peers with full rings still drain each other).
 void Stack::flush_tx() noexcept {
+    if (tx_head_ != tx_tail_) io::wire_release(&port_);  // what we did before sending (see io/tsan.hpp)
     while (tx_head_ != tx_tail_) {
         const unsigned sent = port_.tx_burst(std::span(tx_queue_ + tx_head_, std::min(tx_tail_ - tx_head_, 64u)));
         if (sent == 0) {

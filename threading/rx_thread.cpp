@@ -11,6 +11,8 @@
 
 #include <rte_ip.h>
 
+#include "io/tsan.hpp"
+
 namespace softrdma::threading {
 
 void pin_this_thread(int core) {
@@ -393,8 +395,12 @@ void RxThread::run() noexcept {
             got = port_.rx_burst(std::span<rte_mbuf*>(burst, room));
             // Commands queued before these frames arrived (a handover pushed before our MPA reply went out)
             // must apply to them.
-            if (got != 0) do_commands();
+            if (got != 0) {
+                io::wire_acquire(&port_);  // the peer answered what the application sent (see io/tsan.hpp)
+                do_commands();
+            }
             for (unsigned i = 0; i < got; ++i) process(burst[i]);
+            if (got != 0) io::wire_release(port_.pool());  // mbufs freed here go to the application's allocs
         }
         if (got != 0) {
             idle = 0;

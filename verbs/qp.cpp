@@ -715,7 +715,9 @@ void QueuePair::drain_rx_events() noexcept {
             schedule_tx();
             break;
         case RxEvent::Kind::terminate:
-            if (!closing_ && !term_) term_ = TerminateInfo{e.code, e.received};
+            // A TERMINATE the peer sent is the reason even when the connection is already closing (its FIN
+            // may have been seen first); one we would send while closing is only the flush of a lost stream.
+            if (!term_ && (e.received || !closing_)) term_ = TerminateInfo{e.code, e.received};
             if (ep_) {
                 if (e.received) ep_->stop(e.code);
                 else ep_->send_terminate(e.code, std::span<const std::byte>(e.term).first(e.term_len));
