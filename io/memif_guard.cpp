@@ -162,4 +162,12 @@ bool MemifGuard::settled() const noexcept {
            __atomic_load_n(&p->run.log2_ring_size, __ATOMIC_ACQUIRE) == 0;
 }
 
+std::string MemifGuard::describe() const {
+    const MemifPmdHead* p = pmd(pmd_);
+    return std::string("control channel ") + (__atomic_load_n(&p->cc, __ATOMIC_ACQUIRE) ? "present" : "gone") +
+           ", flags " + std::to_string(__atomic_load_n(&p->flags, __ATOMIC_ACQUIRE)) + ", rings " +
+           std::to_string(p->run.num_c2s_rings) + "/" + std::to_string(p->run.num_s2c_rings) + ", lock " +
+           (p->cc_lock.locked ? "taken" : "free") + (held_ ? " (by us)" : "");
+}
+
 }  // namespace softrdma::io::detail

@@ -45,6 +45,8 @@ public:
     // No disconnect work left: no control channel and the connection parameters cleared (the last thing
     // memif_disconnect does after unmapping).
     bool settled() const noexcept;
+    // The driver state settled() looks at, for error messages.
+    std::string describe() const;
 
 private:
     void* pmd_ = nullptr;  // the driver's struct pmd_internals (see memif_guard.cpp)

@@ -178,7 +178,8 @@ Port::CloseResult Port::finish_memif_link() noexcept {
     auto deadline = std::chrono::steady_clock::now() + kGateTimeout;
     while (!guard_.try_hold()) {
         if (std::chrono::steady_clock::now() >= deadline) {
-            spdlog::error("softrdma: {}: memif's control channel stayed locked; left to process exit", name_);
+            spdlog::error("softrdma: {}: memif's control channel stayed locked ({}); left to process exit", name_,
+                          guard_.describe());
             return CloseResult::left_to_exit;
         }
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -188,8 +189,8 @@ Port::CloseResult Port::finish_memif_link() noexcept {
     deadline = std::chrono::steady_clock::now() + kDisconnectTimeout;
     while (!guard_.settled()) {
         if (std::chrono::steady_clock::now() >= deadline) {
-            spdlog::error("softrdma: {}: memif's disconnect did not finish in {} ms; left to process exit", name_,
-                          kDisconnectTimeout.count());
+            spdlog::error("softrdma: {}: memif's disconnect did not finish in {} ms ({}, link {}); left to process "
+                          "exit", name_, kDisconnectTimeout.count(), guard_.describe(), link_up() ? "up" : "down");
             return CloseResult::left_to_exit;
         }
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -334,7 +335,8 @@ void Port::wait_link(std::chrono::milliseconds timeout) {
         if (std::chrono::steady_clock::now() >= deadline)
             throw Error("link of " + name_ + " still down after the link timeout: the peer never appeared "
                         "(for memif: start the other process with the same socket and the opposite role; "
-                        "for af_packet: bring the interface up)");
+                        "for af_packet: bring the interface up)" +
+                        (guard_.attached() ? " [memif: " + guard_.describe() + "]" : std::string()));
         // A memif server's socket accepts connections from its creation, but refuses them ("ID not found")
         // until the port is started; a client that came in between has its handshake ended and the driver does
         // not try again. Once that disconnect is over (settled: nothing left for the interrupt thread), stopping
