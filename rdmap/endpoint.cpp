@@ -8,6 +8,7 @@
 #include "ddp/segment.hpp"
 #include "ddp/wire.hpp"
 #include "mpa/crc32c.hpp"
+#include "rdmap/cycles.hpp"
 
 namespace softrdma::rdmap {
 
@@ -272,8 +273,11 @@ std::size_t Endpoint::frame(std::span<std::byte> out, std::size_t hdr_len, std::
     std::size_t ulpdu = hdr_len;
     for (std::size_t i = 0; i < npieces; ++i) ulpdu += pieces_[i].size();
     if (framer_.wire_size(ulpdu) > out.size()) return 0;
-    return framer_.write(out, std::span<const std::byte>(hdr_tx_).first(hdr_len),
-                         std::span<const std::span<const std::byte>>(pieces_).first(npieces));
+    const std::uint64_t t0 = prof_framer_ != nullptr ? cycles_now() : 0;
+    const std::size_t n = framer_.write(out, std::span<const std::byte>(hdr_tx_).first(hdr_len),
+                                        std::span<const std::span<const std::byte>>(pieces_).first(npieces));
+    if (prof_framer_ != nullptr) *prof_framer_ += cycles_now() - t0;
+    return n;
 }
 
 std::size_t Endpoint::gather_sgl(const WorkRequest& wr, std::size_t off, std::size_t len) {
@@ -449,6 +453,16 @@ std::size_t Endpoint::ulpdu_header_length(std::uint16_t ctrl) {
 }
 
 ProtoStatus Endpoint::on_ulpdu_header(std::span<const std::byte> hdr, std::size_t payload_len) {
+    if (prof_rx_ != nullptr) [[unlikely]] {
+        const std::uint64_t t0 = cycles_now();
+        const ProtoStatus st = rx_header(hdr, payload_len);
+        *prof_rx_ += cycles_now() - t0;
+        return st;
+    }
+    return rx_header(hdr, payload_len);
+}
+
+ProtoStatus Endpoint::rx_header(std::span<const std::byte> hdr, std::size_t payload_len) {
     if (state_ == State::error) return error_;
     // Reset what the previous segment left (not the whole RxSeg: zero-filling its header array per FPDU
     // costs more than the rest of this function). th/uh/hdr are written below before anything reads them.
@@ -496,10 +510,26 @@ ProtoStatus Endpoint::on_ulpdu_header(std::span<const std::byte> hdr, std::size_
 }
 
 ProtoStatus Endpoint::on_ulpdu_payload(std::span<const std::byte> bytes) {
+    if (prof_rx_ != nullptr) [[unlikely]] {
+        const std::uint64_t t0 = cycles_now();
+        const ProtoStatus st = rx_payload(bytes, [](std::byte* dst, const std::byte* src, std::size_t n) { std::memcpy(dst, src, n); });
+        *prof_rx_ += cycles_now() - t0;
+        return st;
+    }
     return rx_payload(bytes, [](std::byte* dst, const std::byte* src, std::size_t n) { std::memcpy(dst, src, n); });
 }
 
 ProtoStatus Endpoint::on_ulpdu_payload_crc(std::span<const std::byte> bytes, std::uint32_t& crc_state) {
+    if (prof_rx_ != nullptr) [[unlikely]] {
+        const std::uint64_t t0 = cycles_now();
+        const ProtoStatus st = rx_payload_crc(bytes, crc_state);
+        *prof_rx_ += cycles_now() - t0;
+        return st;
+    }
+    return rx_payload_crc(bytes, crc_state);
+}
+
+ProtoStatus Endpoint::rx_payload_crc(std::span<const std::byte> bytes, std::uint32_t& crc_state) {
     // Bytes not copied (an error stops placement) need no CRC: the stream is dead then.
     std::uint32_t st = crc_state;
     const ProtoStatus e = rx_payload(bytes, [&st](std::byte* dst, const std::byte* src, std::size_t n) {
@@ -558,6 +588,16 @@ ProtoStatus Endpoint::rx_payload(std::span<const std::byte> bytes, Copy&& copy) 
 }
 
 ProtoStatus Endpoint::on_ulpdu_end() {
+    if (prof_rx_ != nullptr) [[unlikely]] {
+        const std::uint64_t t0 = cycles_now();
+        const ProtoStatus st = rx_end();
+        *prof_rx_ += cycles_now() - t0;
+        return st;
+    }
+    return rx_end();
+}
+
+ProtoStatus Endpoint::rx_end() {
     if (state_ == State::error) return error_;
     if (rx_.op == nullptr || rx_.got != rx_.payload_len) return fail_rx(ddp::err::local_catastrophic);
     const OpInfo& op = *rx_.op;

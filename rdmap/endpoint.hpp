@@ -136,6 +136,13 @@ public:
     std::uint32_t irq_outstanding() const;
     // DDP payload bytes placed into upper-layer memory so far (tagged and untagged), for copy accounting.
     std::uint64_t placed_bytes() const { return placed_bytes_; }
+    // Cost accounting (off unless set): cycles spent in the RX callbacks (DDP/RDMAP receive work, placement
+    // and, when MPA CRC is on, the CRC fused into the copy) and in the framer (MPA framing, markers, CRC and
+    // the gather copy) are added to these counters. Borrowed; null = off.
+    void count_cycles(std::uint64_t* rx_callbacks, std::uint64_t* framer) {
+        prof_rx_ = rx_callbacks;
+        prof_framer_ = framer;
+    }
 
 private:
     friend struct RxHandlers;
@@ -191,6 +198,9 @@ private:
 
     template <class Copy>
     ProtoStatus rx_payload(std::span<const std::byte> bytes, Copy&& copy);
+    ProtoStatus rx_header(std::span<const std::byte> hdr, std::size_t payload_len);
+    ProtoStatus rx_payload_crc(std::span<const std::byte> bytes, std::uint32_t& crc_state);
+    ProtoStatus rx_end();
     std::size_t emit_terminate(std::span<std::byte> out);
     std::size_t emit_sq(std::span<std::byte> out);
     std::size_t emit_irq(std::span<std::byte> out);
@@ -232,6 +242,8 @@ private:
     std::uint32_t rx_inv_stag_{0};
     RxSeg rx_{};
     std::uint64_t placed_bytes_{0};
+    std::uint64_t* prof_rx_{nullptr};
+    std::uint64_t* prof_framer_{nullptr};
     // Received TERMINATE's attached bytes: DDP Segment Length + the largest header a TERMINATE can carry
     // (RFC 5040 section 4.8); anything beyond is dropped (reporting only).
     std::array<std::byte, 2 + kMaxHeaderLen> term_rx_{};

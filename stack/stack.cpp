@@ -14,6 +14,7 @@
 #include <spdlog/spdlog.h>
 
 #include "io/tsan.hpp"
+#include "rdmap/cycles.hpp"
 #include "stack/lwip_includes.hpp"
 
 namespace softrdma::stack {
@@ -142,7 +143,7 @@ signed char Stack::link_output(netif* nif, pbuf* p) {
     pbuf_copy_partial(p, rte_pktmbuf_mtod(m, void*), p->tot_len, 0);
     m->data_len = p->tot_len;
     m->pkt_len = p->tot_len;
-    if (self->tx_tail_ == kTxQueue) self->flush_tx();
+    if (self->tx_tail_ == kTxQueue) self->flush_tx_inner();
     if (self->tx_tail_ == kTxQueue) {  // the ring stayed full for a whole queue: drop, TCP sends it again
         rte_pktmbuf_free(m);
         ++self->counters_.tx_dropped;
@@ -156,9 +157,18 @@ signed char Stack::link_output(netif* nif, pbuf* p) {
 // Hands queued frames to the driver until it refuses; the rest wait for the next turn (RX keeps being
 // polled meanwhile, so two peers with full rings still drain each other).
 void Stack::flush_tx() noexcept {
+    if (!cfg_.count_cycles) return flush_tx_inner();
+    const std::uint64_t t0 = rdmap::cycles_now();
+    flush_tx_inner();
+    cycles_.total += rdmap::cycles_now() - t0;
+}
+
+void Stack::flush_tx_inner() noexcept {
     if (tx_head_ != tx_tail_) io::wire_release(&port_);  // what we did before sending (see io/tsan.hpp)
     while (tx_head_ != tx_tail_) {
+        const std::uint64_t t0 = cfg_.count_cycles ? rdmap::cycles_now() : 0;
         const unsigned sent = port_.tx_burst(std::span(tx_queue_ + tx_head_, std::min(tx_tail_ - tx_head_, 64u)));
+        if (cfg_.count_cycles) cycles_.io += rdmap::cycles_now() - t0;
         if (sent == 0) {
             // A full ring waits for the next turn; a link that is down (the peer is gone) never takes them:
             // drop what is queued rather than hold mbufs for it (TCP resends if the link comes back).
@@ -272,12 +282,15 @@ void Stack::input_external(std::byte* data, std::uint32_t len, ReleaseFn release
 
 unsigned Stack::poll() noexcept {
     assert_owner();
+    const std::uint64_t t_start = cfg_.count_cycles ? rdmap::cycles_now() : 0;
     // Drain up to 4 bursts per turn: the peer's ring empties faster than one burst per turn of ours.
     constexpr unsigned kBurst = 32;
     rte_mbuf* burst[kBurst];
     unsigned n = 0;
     for (unsigned b = 0; b < 4 && !cfg_.rx_external; ++b) {
+        const std::uint64_t t0 = cfg_.count_cycles ? rdmap::cycles_now() : 0;
         const unsigned got = port_.rx_burst(std::span(burst, kBurst));
+        if (cfg_.count_cycles) cycles_.io += rdmap::cycles_now() - t0;
         for (unsigned i = 0; i < got; ++i) input(burst[i]);
         n += got;
         if (got < kBurst) break;
@@ -288,7 +301,8 @@ unsigned Stack::poll() noexcept {
         next_timer_tsc_ = tsc + tsc_per_ms_;
         sys_check_timeouts();
     }
-    flush_tx();
+    flush_tx_inner();
+    if (cfg_.count_cycles) cycles_.total += rdmap::cycles_now() - t_start;
     return n;
 }
 

@@ -43,6 +43,13 @@ struct StackConfig {
     // true: poll() does not read the port; frames arrive through input_external() (the RX thread's copies),
     // and TCP/IP checksums are still checked by lwIP.
     bool rx_external = false;
+    // Cost accounting: cycles in the driver calls (rx/tx burst) and in poll()/flush_tx() as a whole.
+    bool count_cycles = false;
+};
+
+struct StackCycles {
+    std::uint64_t io = 0;     // inside rx_burst / tx_burst
+    std::uint64_t total = 0;  // inside poll() and flush_tx(), io and the receive callbacks included
 };
 
 // lwIP pool and heap usage, for leak checks: every test ends by comparing against its start.
@@ -104,6 +111,9 @@ public:
     // lwIP's TCP/IP counters in one line (xmit, recv, drop, memerr, checksum and protocol errors).
     std::string protocol_counters() const;
     const StackCounters& counters() const noexcept { return counters_; }
+    const StackCycles& cycles() const noexcept { return cycles_; }
+    // Forgets cycles counted since `earlier` (an idle polling turn is waiting, not work).
+    void rewind_cycles(const StackCycles& earlier) noexcept { cycles_ = earlier; }
     io::Port& port() noexcept { return port_; }
     Ipv4 address() const noexcept { return cfg_.address; }
 
@@ -138,6 +148,8 @@ private:
     unsigned tx_head_ = 0;  // next frame to hand to the driver
     unsigned tx_tail_ = 0;  // one past the last queued frame (tx_head_ <= tx_tail_ <= kTxQueue)
     StackCounters counters_;
+    StackCycles cycles_;
+    void flush_tx_inner() noexcept;
     // Sizing rule: at most one entry per frame received in a turn (4 bursts of 32); when full, the
     // connection is ACKed at once instead.
     static constexpr unsigned kAckPending = 128;

@@ -10,6 +10,10 @@
 
 #include "stack/tcp.hpp"
 #include "threading/rx_thread.hpp"
+#include "rdmap/cycles.hpp"
+
+#include <rte_cycles.h>
+#include <cstdio>
 #include "verbs/verbs.hpp"
 
 namespace softrdma::verbs {
@@ -208,8 +212,10 @@ Context::Context(const ContextConfig& cfg) : cfg_(cfg) {
         throw Error("ContextConfig: a capture file needs run-to-completion mode (RX and TX would share the writer)");
     port_ = io::open_port(cfg.port, cfg.eal);
     if (cfg.threading.app_core >= 0) threading::pin_this_thread(cfg.threading.app_core);
+    if (rx_thread && cfg.layer_cycles) throw Error("ContextConfig: layer_cycles needs run-to-completion mode");
     stack::StackConfig scfg = cfg.stack;
     scfg.rx_external = rx_thread;
+    scfg.count_cycles = cfg.layer_cycles;
     stack_ = std::make_unique<stack::Stack>(*port_, scfg);
     if (rx_thread) {
         if (cfg.max_qp > 65535) throw Error("ContextConfig: the RX thread follows at most 65535 connections (max_qp)");
@@ -280,7 +286,66 @@ RxCopyStats Context::rx_copy_stats() const noexcept {
     return s;
 }
 
+LayerCycles Context::layer_cycles() const noexcept {
+    const stack::StackCycles& st = stack_->cycles();
+    LayerCycles l;
+    l.cycles_per_ns = static_cast<double>(rte_get_tsc_hz()) / 1e9;
+    l.io = st.io;
+    // Receive callbacks (the protocol's RX) run inside the stack's poll: what is left of it is lwIP's.
+    const std::uint64_t stack_rest = st.total - std::min(st.total, st.io + prof_.proto_rx);
+    l.lwip = stack_rest + prof_.lwip_tx;
+    l.mpa = (prof_.proto_rx - std::min(prof_.proto_rx, prof_.ep_rx)) + prof_.framer;
+    l.ddp_rdmap = prof_.ep_rx + (prof_.proto_tx - std::min(prof_.proto_tx, prof_.framer));
+    const std::uint64_t inner = st.total + prof_.proto_tx + prof_.lwip_tx;
+    l.verbs = (prof_.poll - std::min(prof_.poll, inner)) + prof_.api;
+    return l;
+}
+
+LayerCycles LayerCycles::since(const LayerCycles& e) const noexcept {
+    LayerCycles d = *this;
+    d.io -= e.io;
+    d.lwip -= e.lwip;
+    d.mpa -= e.mpa;
+    d.ddp_rdmap -= e.ddp_rdmap;
+    d.verbs -= e.verbs;
+    return d;
+}
+
+std::string LayerCycles::table(std::uint64_t messages) const {
+    const double n = static_cast<double>(std::max<std::uint64_t>(messages, 1));
+    const double all = static_cast<double>(std::max<std::uint64_t>(total(), 1));
+    std::string out = "layer        cycles/msg    ns/msg   share\n";
+    const std::pair<const char*, std::uint64_t> rows[] = {
+        {"io", io}, {"lwip", lwip}, {"mpa+crc", mpa}, {"ddp/rdmap", ddp_rdmap}, {"verbs", verbs}, {"total", total()}};
+    for (const auto& [name, c] : rows) {
+        char line[96];
+        std::snprintf(line, sizeof line, "%-10s %12.0f %9.1f %6.1f%%\n", name, static_cast<double>(c) / n,
+                      static_cast<double>(c) / n / cycles_per_ns, 100.0 * static_cast<double>(c) / all);
+        out += line;
+    }
+    return out;
+}
+
 unsigned Context::poll() noexcept {
+    if (cfg_.layer_cycles) {
+        // Only turns that did work count: an idle turn is waiting for the peer, which no layer should carry.
+        const stack::StackCycles st = stack_->cycles();
+        const Prof pr = prof_;
+        const std::uint64_t sent = stack_->counters().tx_frames;
+        const std::uint64_t t0 = rdmap::cycles_now();
+        const unsigned frames = poll_turn();
+        if (frames == 0 && stack_->counters().tx_frames == sent) {
+            stack_->rewind_cycles(st);
+            prof_ = pr;
+        } else {
+            prof_.poll += rdmap::cycles_now() - t0;
+        }
+        return frames;
+    }
+    return poll_turn();
+}
+
+unsigned Context::poll_turn() noexcept {
     unsigned frames = 0;
     if (rx_) {
         // Frames the RX thread copied: each slot goes to lwIP without a copy and comes back to the RX thread

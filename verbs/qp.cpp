@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "mpa/errors.hpp"
+#include "rdmap/cycles.hpp"
 #include "rdmap/stream.hpp"
 #include "stack/tcp.hpp"
 #include "verbs/verbs.hpp"
@@ -245,6 +246,16 @@ void QueuePair::complete_send(std::uint32_t slot, WcStatus st) noexcept {
 }
 
 PostResult<SendWr> QueuePair::post_send(std::span<const SendWr> wrs) noexcept {
+    if (ctx_.cfg_.layer_cycles) {
+        const std::uint64_t t0 = rdmap::cycles_now();
+        const PostResult<SendWr> r = post_send_inner(wrs);
+        ctx_.prof_.api += rdmap::cycles_now() - t0;
+        return r;
+    }
+    return post_send_inner(wrs);
+}
+
+PostResult<SendWr> QueuePair::post_send_inner(std::span<const SendWr> wrs) noexcept {
     for (const SendWr& wr : wrs) {
         const bool signaled = sig_all_ || (wr.send_flags & send_flags::signaled) != 0;
         WcOpcode wc_op = WcOpcode::send;
@@ -365,6 +376,16 @@ PostResult<SendWr> QueuePair::post_send(std::span<const SendWr> wrs) noexcept {
 }
 
 PostResult<RecvWr> QueuePair::post_recv(std::span<const RecvWr> wrs) noexcept {
+    if (ctx_.cfg_.layer_cycles) {
+        const std::uint64_t t0 = rdmap::cycles_now();
+        const PostResult<RecvWr> r = post_recv_inner(wrs);
+        ctx_.prof_.api += rdmap::cycles_now() - t0;
+        return r;
+    }
+    return post_recv_inner(wrs);
+}
+
+PostResult<RecvWr> QueuePair::post_recv_inner(std::span<const RecvWr> wrs) noexcept {
     for (const RecvWr& wr : wrs) {
         if (state_ == QpState::reset || srq_ != nullptr) return {PostErrc::invalid_state, &wr};
         if (wr.sg_list.size() > cap_.max_recv_sge) return {PostErrc::too_many_sge, &wr};
@@ -567,6 +588,7 @@ void QueuePair::enter_rts(CmId& conn, const mpa::Agreed& agreed, std::uint32_t e
         rxs_->start(agreed, ecfg);
     }
     ep_.emplace(upper, *framer_, ecfg);
+    if (ctx_.cfg_.layer_cycles) ep_->count_cycles(&ctx_.prof_.ep_rx, &ctx_.prof_.framer);
     tx_buf_.assign(std::max<std::uint32_t>(emss, 64), std::byte{0});
     tx_off_ = tx_len_ = 0;
     tx_gate_ = !initiator && agreed.responder_waits_for_first_fpdu;
@@ -613,7 +635,9 @@ void QueuePair::rx_bytes(std::span<const std::byte> bytes) noexcept {
         schedule_tx();
     }
     const std::uint64_t placed = ep_->placed_bytes();
+    const std::uint64_t t0 = ctx_.cfg_.layer_cycles ? rdmap::cycles_now() : 0;
     rdmap::receive(*deframer_, *ep_, bytes);
+    if (ctx_.cfg_.layer_cycles) ctx_.prof_.proto_rx += rdmap::cycles_now() - t0;
     ctx_.placed_bytes_.fetch_add(ep_->placed_bytes() - placed, std::memory_order_relaxed);
     if (ep_->tx_ready()) schedule_tx();  // READ/atomic responses, TERMINATE
 }
@@ -630,7 +654,9 @@ void QueuePair::tx_pump() noexcept {
     bool wrote = false;
     for (;;) {
         if (tx_len_ > 0) {
+            const std::uint64_t t0 = ctx_.cfg_.layer_cycles ? rdmap::cycles_now() : 0;
             const std::size_t n = tcp.write(std::span<const std::byte>(tx_buf_).subspan(tx_off_, tx_len_));
+            if (ctx_.cfg_.layer_cycles) ctx_.prof_.lwip_tx += rdmap::cycles_now() - t0;
             tx_off_ += n;
             tx_len_ -= n;
             wrote = wrote || n > 0;
@@ -648,7 +674,9 @@ void QueuePair::tx_pump() noexcept {
             break;
         }
         const std::size_t room = std::min(tx_buf_.size(), tcp.send_space());
+        const std::uint64_t t0 = ctx_.cfg_.layer_cycles ? rdmap::cycles_now() : 0;
         const std::size_t n = ep_->pull_tx(std::span<std::byte>(tx_buf_).first(room));
+        if (ctx_.cfg_.layer_cycles) ctx_.prof_.proto_tx += rdmap::cycles_now() - t0;
         if (n == 0) {
             schedule_tx();  // the next FPDU does not fit the send buffer yet
             break;
@@ -656,7 +684,11 @@ void QueuePair::tx_pump() noexcept {
         tx_off_ = 0;
         tx_len_ = n;
     }
-    if (wrote) tcp.flush();
+    if (wrote) {
+        const std::uint64_t t0 = ctx_.cfg_.layer_cycles ? rdmap::cycles_now() : 0;
+        tcp.flush();
+        if (ctx_.cfg_.layer_cycles) ctx_.prof_.lwip_tx += rdmap::cycles_now() - t0;
+    }
     // In error: once the TERMINATE is out, the connection closes (the CM does it in its poll stage).
     if (state_ == QpState::err && !closing_ && tx_len_ == 0 && !ep_->tx_ready()) {
         closing_ = true;

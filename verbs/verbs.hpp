@@ -358,6 +358,8 @@ private:
     friend class Context;
     friend class CmId;
     QueuePair(Context& ctx, ProtectionDomain& pd, const QpInitAttr& attr, std::uint32_t qp_num);
+    PostResult<SendWr> post_send_inner(std::span<const SendWr> wrs) noexcept;
+    PostResult<RecvWr> post_recv_inner(std::span<const RecvWr> wrs) noexcept;
 
     // rdmap::Upper: the one place where PD, access, bounds and key are checked for the stream.
     rdmap::Mem tagged(std::uint32_t stag, std::uint64_t to, std::size_t len, rdmap::Access access) override;
@@ -618,6 +620,25 @@ struct ContextConfig {
     // Run to completion (default: everything inside poll() on the application thread) or a dedicated RX
     // thread; core pinning and the RX thread's idle policy. See threading/config.hpp.
     threading::ThreadingConfig threading{};
+    // Per-layer cost accounting (layer_cycles()): a TSC read at each layer boundary. Run-to-completion mode
+    // only; off by default (it costs a few ns per message).
+    bool layer_cycles{false};
+};
+
+// Where the cycles of the data path went, by layer (ContextConfig::layer_cycles), since the Context opened.
+//   io:        DPDK rx/tx burst calls (the driver, memif copies)
+//   lwip:      lwIP input/output, timers, our netif glue (TX copy into mbufs)
+//   mpa:       deframing, markers, framing and the gather copy on TX; the CRC on TX
+//   ddp_rdmap: DDP/RDMAP receive (header checks, placement copy; with CRC on, the CRC fused into it) and TX
+//   verbs:     post_send / post_recv, completions, CM and the rest of Context::poll()
+struct LayerCycles {
+    std::uint64_t io = 0, lwip = 0, mpa = 0, ddp_rdmap = 0, verbs = 0;
+    double cycles_per_ns = 1.0;
+    std::uint64_t total() const noexcept { return io + lwip + mpa + ddp_rdmap + verbs; }
+    // The difference (this - earlier): what one measured interval cost.
+    LayerCycles since(const LayerCycles& earlier) const noexcept;
+    // One line per layer: cycles and ns per message, share of the total.
+    std::string table(std::uint64_t messages) const;
 };
 
 // Copies on the receive path, for the "one copy per payload byte" check. `payload_bytes`: DDP payload bytes
@@ -667,6 +688,7 @@ public:
     RxCopyStats rx_copy_stats() const noexcept;
     // The RX thread's counters (frames, copies, placed payload, drops); nullopt in run-to-completion mode.
     std::optional<threading::RxCounters> rx_thread_counters() const noexcept;
+    LayerCycles layer_cycles() const noexcept;
 
 private:
     friend class ProtectionDomain;
@@ -676,6 +698,7 @@ private:
     friend class CmListener;
     friend class SharedReceiveQueue;
     explicit Context(const ContextConfig& cfg);
+    unsigned poll_turn() noexcept;
 
     // One MR table entry. With an RX thread the table is read there (placement checks) and by the application
     // thread, and SEND with Invalidate clears `valid` there: every field is an atomic (relaxed; x86 plain
@@ -706,6 +729,10 @@ private:
     // stops it first), and its slots outlive the stack, whose pbufs may still reference them.
     std::unique_ptr<threading::RxThread> rx_;
     std::unique_ptr<stack::Stack> stack_;
+    // Layer accounting (ContextConfig::layer_cycles; application thread).
+    struct Prof {
+        std::uint64_t ep_rx = 0, framer = 0, proto_rx = 0, proto_tx = 0, lwip_tx = 0, poll = 0, api = 0;
+    } prof_;
     std::atomic<std::uint64_t> placed_bytes_{0};  // RxCopyStats::payload_bytes (either thread, relaxed)
     // RX thread mode: flow ids (one per QP whose connection the RX thread follows) and the doorbell ring on
     // which the RX thread names flows with new receive events. Sizing: max_qp each, allocated at open; a flow

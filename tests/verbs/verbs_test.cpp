@@ -89,7 +89,9 @@ struct Peer {
         cc.stack = cfg.stack;
         cc.max_mr = 64;
         cc.max_qp = 8;
-        if (cfg.port.capture_path.empty()) cc.threading = test_threading();  // a capture needs one thread
+        // A capture and the layer accounting need run-to-completion mode.
+        cc.layer_cycles = cfg.stack.count_cycles;
+        if (cfg.port.capture_path.empty() && !cc.layer_cycles) cc.threading = test_threading();
         ctx = verbs::Context::open(cc);
         baseline = ctx->stack().pool_usage();
         pd = ctx->alloc_pd();
@@ -306,6 +308,48 @@ TEST_CASE("a burst right after the first FPDU: every message arrives across the 
         p.post_send({.wr_id = 2, .opcode = verbs::WrOpcode::send, .send_flags = verbs::send_flags::signaled});
         Peer::expect(p.wait_wc(1)[0], WcStatus::success, WcOpcode::send, 2);
         report(std::to_string(kMsgs) + " messages in order; " + how);
+        return p.end(0);
+    };
+    check_outcomes(run_pair(server, client));
+}
+
+// Per-layer cost accounting (ContextConfig::layer_cycles, run to completion): a SEND ping-pong spends cycles in
+// every layer, and the layers add up to no more than the time the client spent in the library.
+TEST_CASE("layer cycle accounting: a ping-pong shows every layer", "[verbs][memif]") {
+    constexpr int kRounds = 2000;
+    auto server = [](const PeerConfig& cfg) {
+        Peer p(cfg, 4096, verbs::access::local_write);
+        for (int i = 0; i < 4; ++i) p.post_recv(i, 0, 64);
+        p.serve();
+        for (int i = 0; i < kRounds; ++i) {
+            Peer::expect(p.wait_wc(1)[0], WcStatus::success, WcOpcode::recv, static_cast<std::uint64_t>(i));
+            p.post_recv(i + 4, 0, 64);
+            const verbs::Sge sge = p.mr->sge(1024, 64);
+            p.post_send({.wr_id = 1, .opcode = verbs::WrOpcode::send, .sg_list = {&sge, 1}});
+        }
+        return p.end(0);
+    };
+    auto client = [](const PeerConfig& cfg) {
+        PeerConfig c = cfg;
+        c.stack.count_cycles = true;  // Peer turns it into ContextConfig::layer_cycles
+        Peer p(c, 4096, verbs::access::local_write);
+        for (int i = 0; i < 4; ++i) p.post_recv(i, 0, 64);
+        p.connect();
+        const verbs::LayerCycles before = p.ctx->layer_cycles();
+        const auto t0 = std::chrono::steady_clock::now();
+        for (int i = 0; i < kRounds; ++i) {
+            const verbs::Sge sge = p.mr->sge(1024, 64);
+            p.post_send({.wr_id = 2, .opcode = verbs::WrOpcode::send, .sg_list = {&sge, 1}});
+            Peer::expect(p.wait_wc(1)[0], WcStatus::success, WcOpcode::recv, static_cast<std::uint64_t>(i));
+            p.post_recv(i + 4, 0, 64);
+        }
+        const double wall_ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
+        const verbs::LayerCycles d = p.ctx->layer_cycles().since(before);
+        report("per round trip:\n" + d.table(kRounds));
+        if (d.io == 0 || d.lwip == 0 || d.mpa == 0 || d.ddp_rdmap == 0 || d.verbs == 0)
+            throw std::runtime_error("a layer shows no cycles");
+        if (static_cast<double>(d.total()) / d.cycles_per_ns > wall_ns * 1.05)
+            throw std::runtime_error("layers add up to more than the wall time");
         return p.end(0);
     };
     check_outcomes(run_pair(server, client));
@@ -664,7 +708,7 @@ TEST_CASE("connect to a port nobody listens on: unreachable, receives flushed", 
     check_outcomes(run_pair(server, client));
 }
 
-TEST_CASE("1 GiB of WRITEs with content check", "[verbs][memif]") {
+TEST_CASE("1 GiB of WRITEs with content check", "[verbs][memif][tsan-slow]") {
     constexpr std::size_t kRegion = 16 << 20;
     constexpr int kWrites = 256;  // 4 MiB each, round the 16 MiB region: 1 GiB
     constexpr std::uint32_t kLen = 4 << 20;
@@ -831,7 +875,7 @@ TEST_CASE("every TCP segment carries whole FPDUs (client capture, both direction
     CHECK(cut == 0);
 }
 
-TEST_CASE("1024 QPs connected in one process pair, each exchanging a SEND both ways", "[verbs][memif]") {
+TEST_CASE("1024 QPs connected in one process pair, each exchanging a SEND both ways", "[verbs][memif][tsan-slow]") {
     constexpr std::uint32_t kQps = 1024;
     constexpr std::uint32_t kLen = 32;
     // One CQ, one MR (kLen bytes per QP for receives, kLen for sends), small queues: 2 WRs each way.
