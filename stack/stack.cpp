@@ -93,7 +93,10 @@ Stack::Stack(io::Port& port, const StackConfig& cfg)
     netif_add(netif_.get(), &ip, &mask, &gw, this, &Stack::netif_init, netif_input);
     netif_set_default(netif_.get());
     // The RX thread checks TCP checksums itself (some frames reach lwIP with their payload left out).
-    if (cfg.rx_external) NETIF_SET_CHECKSUM_CTRL(netif_.get(), NETIF_CHECKSUM_ENABLE_ALL & ~NETIF_CHECKSUM_CHECK_TCP);
+    u16_t csum = NETIF_CHECKSUM_ENABLE_ALL;
+    if (cfg.rx_external) csum &= ~NETIF_CHECKSUM_CHECK_TCP;
+    if (!cfg.tcp_checksums) csum &= ~(NETIF_CHECKSUM_CHECK_TCP | NETIF_CHECKSUM_GEN_TCP);
+    NETIF_SET_CHECKSUM_CTRL(netif_.get(), csum);
     netif_set_up(netif_.get());
     netif_set_link_up(netif_.get());
     tsc_per_ms_ = std::max<std::uint64_t>(1, rte_get_timer_hz() / 1000);

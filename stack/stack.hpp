@@ -43,6 +43,9 @@ struct StackConfig {
     // true: poll() does not read the port; frames arrive through input_external() (the RX thread's copies),
     // and TCP/IP checksums are still checked by lwIP.
     bool rx_external = false;
+    // TCP checksums, generated and checked in software. Off only where nothing can corrupt a frame and the
+    // peer agrees (memif between two softrdma processes: shared memory); IP header checksums stay.
+    bool tcp_checksums = true;
     // Cost accounting: cycles in the driver calls (rx/tx burst) and in poll()/flush_tx() as a whole.
     bool count_cycles = false;
 };

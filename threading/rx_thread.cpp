@@ -84,12 +84,13 @@ bool tcp_checksum_ok(const rte_ipv4_hdr* ip, const std::byte* tcp, std::uint32_t
 }
 }  // namespace
 
-RxThread::RxThread(io::Port& port, const ThreadingConfig& cfg, unsigned max_flows)
+RxThread::RxThread(io::Port& port, const ThreadingConfig& cfg, unsigned max_flows, bool verify_tcp_checksums)
     : port_(port),
       cfg_(cfg),
       slot_size_(slot_bytes(port)),
       nslots_(std::max(64u, cfg.rx_slots)),
       max_flows_(std::clamp(max_flows, 1u, 65535u)),
+      verify_tcp_(verify_tcp_checksums),
       mem_(new std::byte[std::size_t{nslots_} * slot_size_]),
       ring_(nslots_ + max_flows_),
       free_(nslots_),
@@ -327,7 +328,7 @@ void RxThread::process(rte_mbuf* m) noexcept {
     }
     // lwIP does not check TCP checksums in this mode (payload it counts may never reach it): we do.
     const auto* ip = reinterpret_cast<const rte_ipv4_hdr*>(f + 14);
-    if (!tcp_checksum_ok(ip, f + 14 + v.ihl, v.hdr_len - 14 - v.ihl + v.payload_len)) {
+    if (verify_tcp_ && !tcp_checksum_ok(ip, f + 14 + v.ihl, v.hdr_len - 14 - v.ihl + v.payload_len)) {
         add(dropped_, 1);
         rte_pktmbuf_free(m);
         return;

@@ -71,8 +71,9 @@ struct RxCounters {
 class RxThread {
 public:
     // Allocates slots, rings and a flow table for `max_flows` connections and starts the thread. `port` must
-    // outlive this object.
-    RxThread(io::Port& port, const ThreadingConfig& cfg, unsigned max_flows);
+    // outlive this object. `verify_tcp_checksums`: drop TCP segments whose checksum is wrong (lwIP does not
+    // check them in this mode); false where the link cannot corrupt frames and the peer sends none.
+    RxThread(io::Port& port, const ThreadingConfig& cfg, unsigned max_flows, bool verify_tcp_checksums = true);
     ~RxThread();
     RxThread(const RxThread&) = delete;
     RxThread& operator=(const RxThread&) = delete;
@@ -174,6 +175,7 @@ private:
     std::uint32_t slot_size_;
     unsigned nslots_;
     unsigned max_flows_;
+    bool verify_tcp_;
     std::unique_ptr<std::byte[]> mem_;
     // Sizing rules: the frame ring holds every slot plus one marker per flow; the free ring every slot; the
     // command ring four commands per flow (watch, handover, go, remove). None can overflow.

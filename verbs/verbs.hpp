@@ -623,6 +623,10 @@ struct ContextConfig {
     // Per-layer cost accounting (layer_cycles()): a TSC read at each layer boundary. Run-to-completion mode
     // only; off by default (it costs a few ns per message).
     bool layer_cycles{false};
+    // TCP checksums: automatic = off on memif (shared memory between two softrdma processes: nothing can
+    // corrupt a frame, and both ends use this policy; captures then show checksum 0); on everywhere else
+    // (af_packet, devices: a kernel or RNIC peer checks them). IP header checksums are always on.
+    enum class Checksums : std::uint8_t { automatic, on, off } tcp_checksums{Checksums::automatic};
 };
 
 // Where the cycles of the data path went, by layer (ContextConfig::layer_cycles), since the Context opened.
@@ -762,7 +766,7 @@ private:
     void push_async(const AsyncEvent& e) noexcept;
     std::vector<std::unique_ptr<CmId>> orphans_;  // accepted TCP connections before their connect_request
     bool cm_work_{false};                // a CM id has work for the poll stage
-    mpa::Clock::time_point next_timer_{};
+    std::uint64_t next_timer_tsc_{0};
 };
 
 }  // namespace softrdma::verbs
