@@ -73,6 +73,8 @@ void usage(const char* argv0) {
         "  -I, --inline N      post messages up to N bytes inline (default 0)\n"
         "  -o, --outs N        READ/atomic: IRD/ORD, outstanding requests (default min(tx depth, 128))\n"
         "  --crc               require MPA CRC (default off)\n"
+        "  --layers            after each row, the client's cycles per message by layer (io, lwip, mpa+crc,\n"
+        "                      ddp/rdmap, verbs); run-to-completion only; costs a few ns per message\n"
         "  --mtu 1500|9000     port MTU (default 1500)\n"
         "  --threading rtc|rx-thread  run to completion (default) or a dedicated RX thread per process\n"
         "  --yield-after N     idle polling turns before yielding the core (default 0 = spin; 64 with rx-thread)\n"
@@ -191,6 +193,8 @@ bool parse(int argc, char** argv, Options& o, int& exit_code) {
             p.outs = n;
         } else if (a == "--crc") {
             o.crc = true;
+        } else if (a == "--layers") {
+            o.layers = true;
         } else if (a == "--mtu") {
             if (!number(n) || (n != 1500 && n != 9000)) return fail("--mtu: 1500 or 9000");
             o.mtu = static_cast<std::uint16_t>(n);

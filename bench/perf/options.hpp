@@ -73,6 +73,7 @@ struct Options {
     std::uint16_t mtu{1500};
     bool no_huge{false};
     bool crc{false};
+    bool layers{false};  // print where the client's cycles went, by layer (verbs::LayerCycles; rtc only)
     std::string cpu;            // local: "A,B" (server core, client core); server/client: "N"
     std::string json;           // write the run as JSON here
     unsigned timeout_s{10};     // a wait without progress this long fails the run (peer gone)

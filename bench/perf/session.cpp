@@ -113,6 +113,7 @@ public:
         cc.max_mr = 16;
         cc.max_qp = 4;
         cc.threading.mode = o.threading == "rx-thread" ? threading::Mode::rx_thread : threading::Mode::run_to_completion;
+        cc.layer_cycles = o.layers && cc.threading.mode == threading::Mode::run_to_completion;
         ctx_ = verbs::Context::open(cc);
         baseline_ = ctx_->stack().pool_usage();
         pd_ = ctx_->alloc_pd();
@@ -477,8 +478,20 @@ private:
     // ---- phases ----
     void run_client_phase(std::uint32_t k) {
         (void)k;
+        const verbs::LayerCycles l0 = o_.layers ? ctx_->layer_cycles() : verbs::LayerCycles{};
         if (p_.kind == Kind::lat) lat_client();
         else bw_client();
+        if (o_.layers) {  // warmup included: the same per-message work
+            const std::uint64_t msgs = std::uint64_t{ph_.iters} + ph_.warmup;
+            std::string t = ctx_->layer_cycles().since(l0).table(msgs);
+            std::printf("# client cycles per %s by layer:\n", p_.kind == Kind::lat ? "iteration" : "message");
+            for (std::size_t at = 0; at < t.size();) {
+                const std::size_t nl = t.find('\n', at);
+                std::printf("#   %s\n", t.substr(at, nl - at).c_str());
+                at = nl == std::string::npos ? t.size() : nl + 1;
+            }
+            std::fflush(stdout);  // the forked client ends with _exit
+        }
     }
     void run_server_phase(std::uint32_t) {
         if (p_.kind == Kind::lat && p_.test == Test::send) send_lat_server();
