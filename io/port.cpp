@@ -1,11 +1,13 @@
 // SPDX-License-Identifier: MIT
 #include "io/port.hpp"
 
+#include <dirent.h>
 #include <sched.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cstdio>
+#include <fstream>
 #include <thread>
 
 #include <rte_bus_vdev.h>
@@ -36,7 +38,7 @@ unsigned memif_buffer_size(std::uint16_t mtu) { return mtu + kEthHeader > 2048 ?
 // close(): how long bursts in flight may take to leave the gate, and DPDK's interrupt thread to finish a
 // memif disconnect.
 constexpr std::chrono::milliseconds kGateTimeout{1000};
-constexpr std::chrono::milliseconds kDisconnectTimeout{2000};
+constexpr std::chrono::milliseconds kDisconnectTimeout{5000};  // generous: a loaded core delays it
 // How often the memif link watcher looks at the link. While the peer's disconnect waits for us (the
 // driver's interrupt thread spins on the lock we hold), this is how long it waits.
 constexpr std::chrono::microseconds kWatchPeriod{1000};
@@ -150,8 +152,12 @@ void* Port::watch_link_main(void* self) noexcept {
 // gate, wait for bursts in flight, release the lock (the driver unmaps now). If a new peer connects (memif
 // server), take the lock again and reopen.
 void Port::watch_link() noexcept {
+    unsigned ticks = 0;
     while (!stop_watcher_.load(std::memory_order_acquire)) {
         std::this_thread::sleep_for(kWatchPeriod);
+        // Once a second: see MemifGuard::poke_interrupt_thread (a peer's departure the interrupt thread would
+        // otherwise never see).
+        if (++ticks % 1000 == 0) detail::MemifGuard::poke_interrupt_thread();
         const bool up = link_up();
         if (guard_.held() && !up) {
             if (!shut_gate(kGateTimeout)) continue;  // a burst still inside: keep the lock, try again
@@ -172,6 +178,35 @@ void Port::stop_watcher() noexcept {
     watcher_running_ = false;
 }
 
+// For error messages: what DPDK's interrupt thread is doing (state and kernel wait channel, from /proc).
+static std::string interrupt_thread_state() {
+    std::string out = "interrupt thread not found";
+    DIR* dir = ::opendir("/proc/self/task");
+    if (dir == nullptr) return out;
+    while (const dirent* e = ::readdir(dir)) {
+        const std::string base = std::string("/proc/self/task/") + e->d_name;
+        std::ifstream comm(base + "/comm");
+        std::string name;
+        if (!std::getline(comm, name) || name != "eal-intr-thread") continue;
+        std::ifstream stat(base + "/stat"), wchan(base + "/wchan");
+        std::string line, channel;
+        std::getline(stat, line);
+        std::getline(wchan, channel);
+        const auto paren = line.rfind(')');
+        out = "interrupt thread " + std::string(e->d_name) + " state " +
+              (paren != std::string::npos && paren + 2 < line.size() ? line.substr(paren + 2, 1) : "?") +
+              " wchan " + (channel.empty() ? "-" : channel);
+        break;
+    }
+    ::closedir(dir);
+    return out;
+}
+
+std::string Port::driver_state() const {
+    return std::string("link ") + (link_up() ? "up" : "down") +
+           (guard_.attached() ? ", memif " + guard_.describe() : std::string()) + ", " + interrupt_thread_state();
+}
+
 // memif with the guard, gate shut, watcher stopped: take the lock (if the watcher had released it), refuse
 // new connections and shut the control channel, release, and wait for the interrupt thread's disconnect.
 Port::CloseResult Port::finish_memif_link() noexcept {
@@ -187,10 +222,16 @@ Port::CloseResult Port::finish_memif_link() noexcept {
     guard_.shut_channel();
     guard_.release();
     deadline = std::chrono::steady_clock::now() + kDisconnectTimeout;
+    auto next_poke = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
     while (!guard_.settled()) {
+        if (std::chrono::steady_clock::now() >= next_poke) {  // see MemifGuard::poke_interrupt_thread
+            detail::MemifGuard::poke_interrupt_thread();
+            next_poke += std::chrono::milliseconds(200);
+        }
         if (std::chrono::steady_clock::now() >= deadline) {
-            spdlog::error("softrdma: {}: memif's disconnect did not finish in {} ms ({}, link {}); left to process "
-                          "exit", name_, kDisconnectTimeout.count(), guard_.describe(), link_up() ? "up" : "down");
+            spdlog::error("softrdma: {}: memif's disconnect did not finish in {} ms ({}, link {}, {}); left to "
+                          "process exit", name_, kDisconnectTimeout.count(), guard_.describe(),
+                          link_up() ? "up" : "down", interrupt_thread_state());
             return CloseResult::left_to_exit;
         }
         std::this_thread::sleep_for(std::chrono::milliseconds(1));

@@ -118,9 +118,11 @@ public:
     // flight, then (memif) let DPDK's interrupt thread alone finish the link's disconnect, then stop, close
     // and remove the device. Idempotent; the destructor calls it. left_to_exit (with a log line saying why)
     // when a burst is still inside the driver after 1 s or the driver's disconnect does not finish within
-    // 2 s: then nothing is unmapped under anyone, and the process exit releases the port.
+    // 5 s: then nothing is unmapped under anyone, and the process exit releases the port.
     CloseResult close() noexcept;
     bool closed() const noexcept { return closed_; }
+    // For error messages: link state, memif driver state and what DPDK's interrupt thread is doing.
+    std::string driver_state() const;
     // Times the link went down under this port (the peer left) while it was open.
     unsigned link_losses() const noexcept { return link_losses_.load(std::memory_order_relaxed); }
 

@@ -196,7 +196,8 @@ std::string stay_checks(io::Port& port, unsigned start_in_use, const Checker& rx
             if (plan.leaver == Leaver::us && !port->link_up()) break;
         }
         tx.drop();
-        std::string err = plan.leaver == Leaver::us && port->link_up() ? "link never went down;" : "";
+        std::string err =
+            plan.leaver == Leaver::us && port->link_up() ? "link never went down (" + port->driver_state() + ");" : "";
         // (Frames may all be lost when the other side leaves at once: they were still in the ring.)
         if (plan.leaver == Leaver::peer) err += " never left: no frame received;";
         err += stay_checks(*port, start_in_use, rx);
@@ -308,7 +309,8 @@ int long_lived(const std::string& socket_base, bool server, std::uint64_t seed, 
             stop_rx.store(true);
             rx_thread.join();
             tx.drop();
-            if (plan.leaver == Leaver::peer && port->link_losses() == 0) err += " link never went down;";
+            if (plan.leaver == Leaver::peer && port->link_losses() == 0)
+                err += " link never went down (" + port->driver_state() + ");";
             if (plan.leaver == Leaver::us && !first) err += " no frame received;";
             err += stay_checks(*port, start_in_use, rx);
             frames += rx.next;
