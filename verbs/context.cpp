@@ -238,7 +238,11 @@ Context::Context(const ContextConfig& cfg) : cfg_(cfg) {
 }
 
 Context::~Context() {
-    if (rx_) rx_->stop();  // first: nothing polls the port while the rest goes
+    // Connections still closing (our FIN not yet acknowledged, the peer's not yet answered) need polling to
+    // finish; a process that stops polling leaves its peer waiting. Bounded by close_linger.
+    if (cfg_.close_linger.count() > 0)
+        run_until([this] { return stack_->active_pcbs() == 0; }, cfg_.close_linger);
+    if (rx_) rx_->stop();  // then: nothing polls the port while the rest goes
     events_.clear();  // connect requests nobody took: their ids abort their connections here
     orphans_.clear();
     ::close(cm_efd_);

@@ -627,6 +627,9 @@ struct ContextConfig {
     // corrupt a frame, and both ends use this policy; captures then show checksum 0); on everywhere else
     // (af_packet, devices: a kernel or RNIC peer checks them). IP header checksums are always on.
     enum class Checksums : std::uint8_t { automatic, on, off } tcp_checksums{Checksums::automatic};
+    // The destructor keeps polling up to this long while connections finish closing (FIN handshakes), so the
+    // peer sees an orderly end even if the application stops polling right after its disconnected event.
+    std::chrono::milliseconds close_linger{500};
 };
 
 // Where the cycles of the data path went, by layer (ContextConfig::layer_cycles), since the Context opened.
@@ -685,6 +688,11 @@ public:
     std::uint64_t async_dropped() const noexcept { return async_dropped_; }
     // Polls until an event arrives or timeout.
     std::optional<CmEvent> wait_cm_event(std::chrono::milliseconds timeout);
+    // Polls until every TCP connection has finished closing, or timeout; returns whether they all did.
+    // (A disconnected event comes when the stream ends; the TCP close handshake still needs a few turns.)
+    bool drain(std::chrono::milliseconds timeout) {
+        return run_until([this] { return stack_->active_pcbs() == 0; }, timeout);
+    }
 
     stack::Stack& stack() noexcept { return *stack_; }
     io::Port& port() noexcept { return *port_; }
