@@ -31,9 +31,7 @@
 #define ALLOW_EXPERIMENTAL_API
 #include "io/memif_guard.hpp"
 
-#include <sys/eventfd.h>
 #include <sys/socket.h>
-#include <unistd.h>
 
 #include <cstddef>
 #include <cstring>
@@ -162,27 +160,6 @@ bool MemifGuard::settled() const noexcept {
            __atomic_load_n(&p->run.num_s2c_rings, __ATOMIC_ACQUIRE) == 0 &&
            __atomic_load_n(&p->run.pkt_buffer_size, __ATOMIC_ACQUIRE) == 0 &&
            __atomic_load_n(&p->run.log2_ring_size, __ATOMIC_ACQUIRE) == 0;
-}
-
-// Rarely (about once in a few hundred connections under load) the interrupt thread sits in epoll_wait while
-// a control channel it has a callback for reaches end of file, and nothing happens: the channel's socket is
-// not in its epoll set. (A plausible cause in 22.11: memif_listener_handler closes an accepted socket whose
-// callback it already registered when sending HELLO fails, leaving a source with a dead descriptor number
-// that the next accepted socket reuses, so the new socket is never added.) Any new interrupt source makes
-// the thread rebuild the set from its sources, which brings the channel back.
-namespace {
-void noop_callback(void*) {}
-}  // namespace
-
-void MemifGuard::poke_interrupt_thread() noexcept {
-    rte_intr_handle* h = rte_intr_instance_alloc(RTE_INTR_INSTANCE_F_PRIVATE);
-    if (h == nullptr) return;
-    const int fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (fd >= 0 && rte_intr_fd_set(h, fd) == 0 && rte_intr_type_set(h, RTE_INTR_HANDLE_EXT) == 0 &&
-        rte_intr_callback_register(h, noop_callback, nullptr) == 0)
-        rte_intr_callback_unregister_sync(h, noop_callback, nullptr);  // never active: returns at once
-    if (fd >= 0) ::close(fd);
-    rte_intr_instance_free(h);
 }
 
 std::string MemifGuard::describe() const {

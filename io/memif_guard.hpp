@@ -45,9 +45,6 @@ public:
     // No disconnect work left: no control channel and the connection parameters cleared (the last thing
     // memif_disconnect does after unmapping).
     bool settled() const noexcept;
-    // Makes DPDK's interrupt thread rebuild its epoll set (registers, then removes, a callback on a fresh
-    // eventfd). Used when a disconnect does not settle: see memif_guard.cpp.
-    static void poke_interrupt_thread() noexcept;
     // The driver state settled() looks at, for error messages.
     std::string describe() const;
 

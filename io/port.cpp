@@ -152,12 +152,8 @@ void* Port::watch_link_main(void* self) noexcept {
 // gate, wait for bursts in flight, release the lock (the driver unmaps now). If a new peer connects (memif
 // server), take the lock again and reopen.
 void Port::watch_link() noexcept {
-    unsigned ticks = 0;
     while (!stop_watcher_.load(std::memory_order_acquire)) {
         std::this_thread::sleep_for(kWatchPeriod);
-        // Once a second: see MemifGuard::poke_interrupt_thread (a peer's departure the interrupt thread would
-        // otherwise never see).
-        if (++ticks % 1000 == 0) detail::MemifGuard::poke_interrupt_thread();
         const bool up = link_up();
         if (guard_.held() && !up) {
             if (!shut_gate(kGateTimeout)) continue;  // a burst still inside: keep the lock, try again
@@ -222,12 +218,7 @@ Port::CloseResult Port::finish_memif_link() noexcept {
     guard_.shut_channel();
     guard_.release();
     deadline = std::chrono::steady_clock::now() + kDisconnectTimeout;
-    auto next_poke = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
     while (!guard_.settled()) {
-        if (std::chrono::steady_clock::now() >= next_poke) {  // see MemifGuard::poke_interrupt_thread
-            detail::MemifGuard::poke_interrupt_thread();
-            next_poke += std::chrono::milliseconds(200);
-        }
         if (std::chrono::steady_clock::now() >= deadline) {
             spdlog::error("softrdma: {}: memif's disconnect did not finish in {} ms ({}, link {}, {}); left to "
                           "process exit", name_, kDisconnectTimeout.count(), guard_.describe(),

