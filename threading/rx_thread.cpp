@@ -18,6 +18,7 @@ namespace softrdma::threading {
 void pin_this_thread(int core) {
     cpu_set_t set;
     CPU_ZERO(&set);
+    if (core >= CPU_SETSIZE) throw std::system_error(EINVAL, std::generic_category(), "threading: no core " + std::to_string(core));
     if (core >= 0) {
         CPU_SET(static_cast<unsigned>(core), &set);
     } else {

@@ -1,0 +1,211 @@
+// SPDX-License-Identifier: MIT
+// threading::RxThread on its own, over a net_ring pair inside one (child) process: whole frames arrive in
+// slots with every mbuf back in the pool at once; a followed TCP connection is placed in order across the
+// handover (watch, handover, marker, go), a segment after a gap loses its payload, a resent one is not placed
+// twice; and thread pinning.
+#include <catch2/catch.hpp>
+
+#include <pthread.h>
+#include <sched.h>
+
+#include <arpa/inet.h>
+
+#include <chrono>
+#include <cstring>
+#include <system_error>
+#include <thread>
+#include <vector>
+
+#include "io/port.hpp"
+#include "tests/support/processes.hpp"
+#include "threading/rx_thread.hpp"
+
+using namespace softrdma;
+using namespace softrdma::test;
+using namespace std::chrono_literals;
+
+namespace {
+
+ChildOutcome in_child(const std::function<int()>& body) { return run_roles({{"child", body}}, 60s).at(0); }
+
+threading::ThreadingConfig test_cfg() {
+    threading::ThreadingConfig t;
+    t.mode = threading::Mode::rx_thread;
+    t.rx_idle = {.spin_turns = 16, .then = threading::IdlePolicy::Then::sleep, .sleep = 50us};
+    t.rx_slots = 256;
+    return t;
+}
+
+// Ethernet + IPv4 + TCP (no options) from 10.0.0.2:4000 to 10.0.0.1:5000 with `payload`; checksums left 0
+// (the RX thread is built without TCP checksum checks here).
+std::vector<std::uint8_t> tcp_frame(std::uint32_t seq, const std::vector<std::uint8_t>& payload) {
+    std::vector<std::uint8_t> f(14 + 20 + 20 + payload.size(), 0);
+    f[12] = 0x08;
+    f[13] = 0x00;
+    std::uint8_t* ip = f.data() + 14;
+    ip[0] = 0x45;
+    const std::uint16_t total = static_cast<std::uint16_t>(40 + payload.size());
+    ip[2] = static_cast<std::uint8_t>(total >> 8);
+    ip[3] = static_cast<std::uint8_t>(total);
+    ip[8] = 64;
+    ip[9] = 6;
+    const std::uint32_t src = htonl(0x0a000002), dst = htonl(0x0a000001);
+    std::memcpy(ip + 12, &src, 4);
+    std::memcpy(ip + 16, &dst, 4);
+    std::uint8_t* tcp = ip + 20;
+    tcp[0] = 4000 >> 8;
+    tcp[1] = 4000 & 0xff;
+    tcp[2] = 5000 >> 8;
+    tcp[3] = 5000 & 0xff;
+    for (int i = 0; i < 4; ++i) tcp[4 + i] = static_cast<std::uint8_t>(seq >> (24 - 8 * i));
+    tcp[12] = 5 << 4;
+    tcp[13] = 0x18;  // PSH ACK
+    std::memcpy(tcp + 20, payload.data(), payload.size());
+    return f;
+}
+
+bool send_frame(io::Port& tx, const std::vector<std::uint8_t>& bytes) {
+    rte_mbuf* m = tx.alloc();
+    if (m == nullptr) return false;
+    std::memcpy(rte_pktmbuf_append(m, static_cast<std::uint16_t>(bytes.size())), bytes.data(), bytes.size());
+    rte_mbuf* one[1] = {m};
+    for (int i = 0; i < 1000; ++i)
+        if (tx.tx_burst(one) == 1) return true;
+    rte_pktmbuf_free(m);
+    return false;
+}
+
+// Collects what the RX thread places (its thread only; read after stop(), which joins it).
+struct Collect final : threading::FlowSink {
+    std::vector<std::uint8_t> bytes;
+    void rx_payload(std::span<const std::byte> b) noexcept override {
+        for (std::byte x : b) bytes.push_back(std::to_integer<std::uint8_t>(x));  // test only: allocates
+    }
+};
+
+}  // namespace
+
+TEST_CASE("pin_this_thread pins, and refuses a core that does not exist", "[threading]") {
+    bool ok = false;
+    bool refused = false;
+    std::thread t([&] {
+        threading::pin_this_thread(0);
+        cpu_set_t set;
+        CPU_ZERO(&set);
+        pthread_getaffinity_np(pthread_self(), sizeof set, &set);
+        ok = CPU_COUNT(&set) == 1 && CPU_ISSET(0, &set);
+        try {
+            threading::pin_this_thread(1000);
+        } catch (const std::system_error&) {
+            refused = true;
+        }
+    });
+    t.join();
+    CHECK(ok);
+    CHECK(refused);
+}
+
+TEST_CASE("the RX thread copies whole frames into slots and frees every mbuf at once", "[threading][ring]") {
+    const auto out = in_child([] {
+        io::PortConfig a, b;
+        a.backend = b.backend = io::Backend::ring;
+        io::EalConfig eal;
+        eal.lcores = "0";
+        auto ports = io::open_ring_pair(a, b, eal);
+        const unsigned start = ports[1]->mbufs_in_use();
+        threading::RxThread rx(*ports[1], test_cfg(), 4);
+        constexpr unsigned kFrames = 100;
+        for (unsigned i = 0; i < kFrames; ++i) {
+            std::vector<std::uint8_t> f(60 + i);
+            for (std::size_t k = 0; k < f.size(); ++k) f[k] = static_cast<std::uint8_t>(i * 3 + k);
+            f[12] = 0x88;  // not IPv4: forwarded whole
+            if (!send_frame(*ports[0], f)) return 10;
+        }
+        std::vector<std::uint32_t> held;
+        unsigned got = 0;
+        const auto until = std::chrono::steady_clock::now() + 5s;
+        while (got < kFrames && std::chrono::steady_clock::now() < until) {
+            got += rx.drain(32, [&](const threading::RxThread::Frame& f) {
+                const auto i = static_cast<unsigned>(held.size());  // frames arrive in order
+                if (f.kind != threading::RxThread::Kind::frame || f.len != 60 + i) throw std::runtime_error("frame shape");
+                for (std::uint32_t k = 0; k < f.len; ++k)
+                    if (k != 12 && std::to_integer<std::uint8_t>(f.data[k]) != static_cast<std::uint8_t>(i * 3 + k))
+                        throw std::runtime_error("frame bytes");
+                held.push_back(f.slot);  // kept: the mbufs must be back anyway
+            });
+        }
+        if (got != kFrames) return 11;
+        // Every mbuf back in the pool while the application still holds all 100 slots.
+        if (ports[1]->mbufs_in_use() != start) return 12;
+        for (std::uint32_t s : held) rx.release(s);
+        const threading::RxCounters c = rx.counters();
+        if (c.frames != kFrames || c.dropped != 0 || c.tcp_payload_copied != 0) return 13;
+        report("100 frames, mbufs back at once");
+        return 0;
+    });
+    INFO(out.report);
+    CHECK(out.exit_code == 0);
+}
+
+TEST_CASE("a followed connection: exact handover, in-order placement, gaps and resends", "[threading][ring]") {
+    const auto out = in_child([] {
+        io::PortConfig a, b;
+        a.backend = b.backend = io::Backend::ring;
+        io::EalConfig eal;
+        eal.lcores = "0";
+        auto ports = io::open_ring_pair(a, b, eal);
+        threading::RxThread rx(*ports[1], test_cfg(), 4, /*verify_tcp_checksums=*/false);
+        Collect sink;
+        auto bytes = [](std::uint8_t first, std::size_t n) {
+            std::vector<std::uint8_t> v(n);
+            for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<std::uint8_t>(first + i);
+            return v;
+        };
+        const std::uint64_t key = threading::flow_key(htonl(0x0a000002), 4000, 5000);
+        std::vector<threading::RxThread::Frame> seen;
+        auto pump = [&](unsigned want) {
+            const auto until = std::chrono::steady_clock::now() + 3s;
+            while (seen.size() < want && std::chrono::steady_clock::now() < until)
+                rx.drain(32, [&](const threading::RxThread::Frame& f) {
+                    seen.push_back(f);
+                    if (f.kind != threading::RxThread::Kind::marker) rx.release(f.slot);
+                });
+            return seen.size() >= want;
+        };
+        const std::uint32_t isn = 1000;
+        if (!rx.watch(0, key, isn)) return 10;
+        // Forwarded whole while watched: bytes 0..99, then a segment after a gap (payload dropped).
+        if (!send_frame(*ports[0], tcp_frame(isn, bytes(0, 100)))) return 11;
+        if (!send_frame(*ports[0], tcp_frame(isn + 300, bytes(44, 50)))) return 11;
+        if (!pump(2)) return 12;
+        if (seen[0].kind != threading::RxThread::Kind::frame || seen[0].len != 154) return 13;
+        if (seen[1].kind != threading::RxThread::Kind::gap || seen[1].len != 54 || seen[1].flow != 0) return 14;
+        // Handover: frames arriving now are held until go().
+        if (!rx.handover(0, &sink)) return 15;
+        if (!send_frame(*ports[0], tcp_frame(isn + 100, bytes(100, 100)))) return 16;
+        if (!pump(3)) return 17;
+        if (seen[2].kind != threading::RxThread::Kind::marker) return 18;
+        std::this_thread::sleep_for(20ms);  // the held frame stays held
+        if (rx.drain(8, [&](const threading::RxThread::Frame& f) { seen.push_back(f); }) != 0) return 19;
+        if (!rx.go(0)) return 20;
+        if (!pump(4)) return 21;
+        if (seen[3].kind != threading::RxThread::Kind::headers || seen[3].payload_len != 100 || seen[3].len != 54) return 22;
+        // In order after the handover; a resend overlapping what was placed adds only the new part.
+        if (!send_frame(*ports[0], tcp_frame(isn + 150, bytes(150, 100)))) return 23;  // 200..249 new
+        if (!send_frame(*ports[0], tcp_frame(isn + 100, bytes(100, 100)))) return 23;  // all old: placed already
+        if (!pump(6)) return 24;
+        std::atomic<bool> done{false};
+        if (!rx.remove(0, done)) return 25;
+        for (int i = 0; i < 1000 && !done.load(); ++i) std::this_thread::sleep_for(1ms);
+        if (!done.load()) return 26;
+        rx.stop();
+        // The sink saw exactly bytes 100..249 of the stream (0..99 went to the application as a whole frame).
+        if (sink.bytes != bytes(100, 150)) return 27;
+        const threading::RxCounters c = rx.counters();
+        if (c.tcp_payload_placed != 150 || c.tcp_payload_copied != 100 || c.out_of_order != 1) return 28;
+        report("handover exact; placed 150, copied 100, one gap");
+        return 0;
+    });
+    INFO(out.report);
+    CHECK(out.exit_code == 0);
+}
