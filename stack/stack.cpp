@@ -232,29 +232,22 @@ namespace {
 // Stands in for TCP payload placed elsewhere (input_headers): never written, never read by us; lwIP only
 // counts it. Sized for the largest frame.
 alignas(64) const std::byte kZeroPayload[9216]{};
-}  // namespace
 
-void Stack::input_headers(std::byte* data, std::uint32_t len, std::uint32_t payload_len, ReleaseFn release,
-                          void* ctx, std::uint32_t cookie) noexcept {
-    if (payload_len == 0) return input_external(data, len, release, ctx, cookie);
+// Wraps external bytes (input_external / input_headers) in an RxPbuf; nullptr when the wrapper pool is empty.
+// Ownership: the returned pbuf owns the bytes' release (rx_pbuf_free calls it).
+pbuf* wrap_external(std::byte* data, std::uint32_t len, Stack::ReleaseFn release, void* ctx, std::uint32_t cookie) {
     auto* r = static_cast<RxPbuf*>(LWIP_MEMPOOL_ALLOC(SR_RX_PBUF));
-    pbuf* tail = payload_len <= sizeof kZeroPayload ? pbuf_alloc(PBUF_RAW, static_cast<u16_t>(payload_len), PBUF_ROM)
-                                                    : nullptr;
-    if (r == nullptr || tail == nullptr) {
-        ++counters_.rx_dropped;
-        if (r != nullptr) LWIP_MEMPOOL_FREE(SR_RX_PBUF, r);
-        if (tail != nullptr) pbuf_free(tail);
-        release(ctx, cookie);
-        return;
-    }
-    tail->payload = const_cast<std::byte*>(kZeroPayload);  // PBUF_ROM: lwIP never writes through it
+    if (r == nullptr) return nullptr;
     r->seg = nullptr;
     r->release = release;
     r->ctx = ctx;
     r->cookie = cookie;
     r->pc.custom_free_function = rx_pbuf_free;
-    pbuf* p = pbuf_alloced_custom(PBUF_RAW, static_cast<u16_t>(len), PBUF_REF, &r->pc, data, static_cast<u16_t>(len));
-    pbuf_cat(p, tail);  // the chain owns tail now
+    return pbuf_alloced_custom(PBUF_RAW, static_cast<u16_t>(len), PBUF_REF, &r->pc, data, static_cast<u16_t>(len));
+}
+}  // namespace
+
+void Stack::deliver(pbuf* p) noexcept {
     ++counters_.rx_frames;
     if (netif_->input(p, netif_.get()) != ERR_OK) {  // lwIP owns p from here unless it refuses it
         ++counters_.rx_dropped;
@@ -262,25 +255,32 @@ void Stack::input_headers(std::byte* data, std::uint32_t len, std::uint32_t payl
     }
 }
 
+void Stack::input_headers(std::byte* data, std::uint32_t len, std::uint32_t payload_len, ReleaseFn release,
+                          void* ctx, std::uint32_t cookie) noexcept {
+    if (payload_len == 0) return input_external(data, len, release, ctx, cookie);
+    pbuf* tail = payload_len <= sizeof kZeroPayload ? pbuf_alloc(PBUF_RAW, static_cast<u16_t>(payload_len), PBUF_ROM)
+                                                    : nullptr;
+    pbuf* p = tail != nullptr ? wrap_external(data, len, release, ctx, cookie) : nullptr;
+    if (p == nullptr) {
+        ++counters_.rx_dropped;
+        if (tail != nullptr) pbuf_free(tail);
+        release(ctx, cookie);
+        return;
+    }
+    tail->payload = const_cast<std::byte*>(kZeroPayload);  // PBUF_ROM: lwIP never writes through it
+    pbuf_cat(p, tail);  // the chain owns tail now
+    deliver(p);
+}
+
 void Stack::input_external(std::byte* data, std::uint32_t len, ReleaseFn release, void* ctx,
                            std::uint32_t cookie) noexcept {
-    auto* r = static_cast<RxPbuf*>(LWIP_MEMPOOL_ALLOC(SR_RX_PBUF));
-    if (r == nullptr) {
+    pbuf* p = wrap_external(data, len, release, ctx, cookie);
+    if (p == nullptr) {
         ++counters_.rx_dropped;
         release(ctx, cookie);
         return;
     }
-    r->seg = nullptr;
-    r->release = release;
-    r->ctx = ctx;
-    r->cookie = cookie;
-    r->pc.custom_free_function = rx_pbuf_free;
-    pbuf* p = pbuf_alloced_custom(PBUF_RAW, static_cast<u16_t>(len), PBUF_REF, &r->pc, data, static_cast<u16_t>(len));
-    ++counters_.rx_frames;
-    if (netif_->input(p, netif_.get()) != ERR_OK) {  // lwIP owns p from here unless it refuses it
-        ++counters_.rx_dropped;
-        pbuf_free(p);
-    }
+    deliver(p);
 }
 
 unsigned Stack::poll() noexcept {

@@ -133,6 +133,7 @@ private:
     static signed char netif_init(netif* nif);
     static signed char link_output(netif* nif, pbuf* p);
     void input(rte_mbuf* m) noexcept;
+    void deliver(pbuf* p) noexcept;
     void drop_tx_queue() noexcept;
 
     io::Port& port_;

@@ -28,6 +28,15 @@ namespace {
 
 ChildOutcome in_child(const std::function<int()>& body) { return run_roles({{"child", body}}, 60s).at(0); }
 
+// Two ports back to back through net_ring (inside the child: each child has its own EAL).
+std::array<std::unique_ptr<io::Port>, 2> ring_ports() {
+    io::PortConfig a, b;
+    a.backend = b.backend = io::Backend::ring;
+    io::EalConfig eal;
+    eal.lcores = "0";
+    return io::open_ring_pair(a, b, eal);
+}
+
 threading::ThreadingConfig test_cfg() {
     threading::ThreadingConfig t;
     t.mode = threading::Mode::rx_thread;
@@ -107,11 +116,7 @@ TEST_CASE("pin_this_thread pins, and refuses a core that does not exist", "[thre
 
 TEST_CASE("the RX thread copies whole frames into slots and frees every mbuf at once", "[threading][ring]") {
     const auto out = in_child([] {
-        io::PortConfig a, b;
-        a.backend = b.backend = io::Backend::ring;
-        io::EalConfig eal;
-        eal.lcores = "0";
-        auto ports = io::open_ring_pair(a, b, eal);
+        auto ports = ring_ports();
         const unsigned start = ports[1]->mbufs_in_use();
         threading::RxThread rx(*ports[1], test_cfg(), 4);
         constexpr unsigned kFrames = 100;
@@ -149,11 +154,7 @@ TEST_CASE("the RX thread copies whole frames into slots and frees every mbuf at 
 
 TEST_CASE("a followed connection: exact handover, in-order placement, gaps and resends", "[threading][ring]") {
     const auto out = in_child([] {
-        io::PortConfig a, b;
-        a.backend = b.backend = io::Backend::ring;
-        io::EalConfig eal;
-        eal.lcores = "0";
-        auto ports = io::open_ring_pair(a, b, eal);
+        auto ports = ring_ports();
         threading::RxThread rx(*ports[1], test_cfg(), 4, /*verify_tcp_checksums=*/false);
         Collect sink;
         auto bytes = [](std::uint8_t first, std::size_t n) {
