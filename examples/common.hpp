@@ -201,10 +201,6 @@ inline void disconnect(verbs::Context& ctx, verbs::CmId& id, std::chrono::second
     throw std::runtime_error("no disconnected event after disconnect()");
 }
 
-// A process using DPDK memif stops polling a moment before it exits: DPDK 22.11's memif can fault in
-// rx_burst while its interrupt thread tears down the link of a peer that just left (tests/support does the
-// same). Call after the last poll.
-inline void quiet_exit_pause() { std::this_thread::sleep_for(300ms); }
 
 // ---- big-endian fields of the private-data / message layouts -------------------------------------------
 inline std::uint64_t to_be(std::uint64_t v) { return htobe64(v); }

@@ -127,7 +127,6 @@ int server(const NetOptions& net) {
         if (n == 0 && Clock::now() - last_progress > limit) throw std::runtime_error("no message for " + std::to_string(net.timeout_s) + " s");
     }
     finish_close(*ctx);
-    quiet_exit_pause();
     if (echoed != expected) {
         std::fprintf(stderr, "pingpong server: echoed %llu of %llu messages\n", static_cast<unsigned long long>(echoed),
                      static_cast<unsigned long long>(expected));
@@ -197,7 +196,6 @@ int client(const NetOptions& net) {
             throw std::runtime_error(std::string("post_recv: ") + verbs::to_string(r.err));
     }
     disconnect(*ctx, *id, limit);
-    quiet_exit_pause();
     const bool rx_thread = net.threading == softrdma::threading::Mode::rx_thread;
     lat.print("pingpong: SEND/RECV " + std::to_string(opt.size) + " bytes, half round trip (" +
               std::to_string(opt.warmup) + " warmup rounds not counted" + (rx_thread ? ", RX thread" : "") + ")");

@@ -167,7 +167,6 @@ int server(const NetOptions& net) {
             throw std::runtime_error("nothing from the client for " + std::to_string(net.timeout_s) + " s");
     }
     finish_close(*e.ctx);
-    quiet_exit_pause();
     return 0;
 }
 
@@ -217,7 +216,6 @@ int client(const NetOptions& net) {
         lat.print("rdma_lat: RDMA READ " + std::to_string(size) + " bytes, full round trip");
     }
     disconnect(*e.ctx, *e.id, limit);
-    quiet_exit_pause();
     return 0;
 }
 

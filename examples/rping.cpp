@@ -229,7 +229,6 @@ int server(const NetOptions& base) {
     if (!cb.seen_disconnect_event) expect_cm_event(*cb.ctx, verbs::CmEventType::disconnected, cb.limit);
     finish_close(*cb.ctx);
     if (!net.local_child) std::printf("rping server: %d pings served, client disconnected\n", pings);
-    quiet_exit_pause();
     return 0;
 }
 
@@ -274,7 +273,6 @@ int client(const NetOptions& base) {
         if (opt.verbose) std::printf("ping data: %s\n", rdma_buf);
     }
     disconnect(*cb.ctx, *cb.id, cb.limit);
-    quiet_exit_pause();
     std::printf("rping: %d pings of %u bytes: data verified (READ by the server, WRITTEN back, compared)\n", opt.count, size);
     return 0;
 }
