@@ -2,6 +2,7 @@
 #include "threading/rx_thread.hpp"
 
 #include <pthread.h>
+#include <unistd.h>
 #include <sched.h>
 
 #include <algorithm>
@@ -380,6 +381,14 @@ void RxThread::process(rte_mbuf* m) noexcept {
     rte_pktmbuf_free(m);
 }
 
+// The application thread sleeps (set_wakeup): wake it once. A write per wake-up, never per frame.
+void RxThread::wake() noexcept {
+    std::atomic<bool>* f = wake_flag_.load(std::memory_order_acquire);
+    if (f == nullptr || !f->load(std::memory_order_seq_cst) || !f->exchange(false, std::memory_order_seq_cst)) return;
+    const std::uint64_t one = 1;
+    [[maybe_unused]] const auto n = ::write(wake_fd_, &one, sizeof one);
+}
+
 void RxThread::run() noexcept {
     constexpr unsigned kBurst = 32;
     rte_mbuf* burst[kBurst];
@@ -402,7 +411,10 @@ void RxThread::run() noexcept {
                 do_commands();
             }
             for (unsigned i = 0; i < got; ++i) process(burst[i]);
-            if (got != 0) io::wire_release(port_.pool());  // mbufs freed here go to the application's allocs
+            if (got != 0) {
+                io::wire_release(port_.pool());  // mbufs freed here go to the application's allocs
+                wake();
+            }
         }
         if (got != 0) {
             idle = 0;

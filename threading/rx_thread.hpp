@@ -120,6 +120,15 @@ public:
     bool go(std::uint16_t flow) noexcept;
     // Forgets the flow; `done` becomes true (release) once the RX thread will not touch its sink again.
     bool remove(std::uint16_t flow, std::atomic<bool>& done) noexcept;
+    // Sleeping instead of polling: the application thread sets `*flag` (true) and sleeps on `fd` (an eventfd);
+    // when the RX thread next hands anything over, it clears the flag and writes `fd` once. Set before use,
+    // from the application thread; both outlive this object's thread.
+    void set_wakeup(std::atomic<bool>* flag, int fd) noexcept {
+        wake_flag_.store(flag, std::memory_order_release);
+        wake_fd_ = fd;
+    }
+    // True when frames are waiting for drain() (application thread).
+    bool pending() const noexcept { return ring_.read_available() != 0; }
     // Waits until the RX thread has finished any work it was doing when called (two loop turns), so memory
     // it might have been writing can be reused. Bounded (1 s); false if the thread did not move.
     bool quiesce() const noexcept;
@@ -188,6 +197,9 @@ private:
     std::unique_ptr<std::byte[]> linear_;    // one chained frame made contiguous
     std::atomic<bool> stop_{false};
     std::atomic<std::uint64_t> epoch_{0};    // loop turns
+    std::atomic<std::atomic<bool>*> wake_flag_{nullptr};
+    int wake_fd_{-1};
+    void wake() noexcept;
     // Written by the RX thread only (relaxed); read by anyone.
     std::atomic<std::uint64_t> frames_{0}, bytes_copied_{0}, tcp_copied_{0}, tcp_placed_{0}, dropped_{0}, ooo_{0},
         stalled_{0};

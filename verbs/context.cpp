@@ -234,7 +234,9 @@ Context::Context(const ContextConfig& cfg) : cfg_(cfg) {
     // again behind the ones being served: 2 x max_qp, so push_back never allocates.
     tx_list_.reserve(2 * static_cast<std::size_t>(cfg.max_qp));
     ids_.reserve(cfg.max_qp);
+    wake_efd_ = make_eventfd("Context::open");
     cm_efd_ = make_eventfd("Context::open");  // last: nothing after it throws
+    if (rx_) rx_->set_wakeup(&want_wake_, wake_efd_);
 }
 
 Context::~Context() {
@@ -246,6 +248,20 @@ Context::~Context() {
     events_.clear();  // connect requests nobody took: their ids abort their connections here
     orphans_.clear();
     ::close(cm_efd_);
+    ::close(wake_efd_);
+}
+
+bool Context::prepare_sleep() noexcept {
+    if (!rx_) return false;
+    want_wake_.store(true, std::memory_order_seq_cst);
+    // After raising the flag: anything already handed over (or queued as a CM event, or TCP work due) means no
+    // sleep. What the RX thread hands over from now on wakes us.
+    if (rx_->pending() || !doorbell_->empty() || !events_.empty() || !tx_list_.empty() || cm_work_) {
+        want_wake_.store(false, std::memory_order_relaxed);
+        return false;
+    }
+    slept_ = true;
+    return true;
 }
 
 std::unique_ptr<ProtectionDomain> Context::alloc_pd() {
@@ -355,6 +371,11 @@ unsigned Context::poll() noexcept {
 unsigned Context::poll_turn() noexcept {
     unsigned frames = 0;
     if (rx_) {
+        if (slept_) {  // awake again: whether the RX thread woke us or epoll timed out
+            slept_ = false;
+            want_wake_.store(false, std::memory_order_relaxed);
+            drain_fd(wake_efd_);
+        }
         // Frames the RX thread copied: each slot goes to lwIP without a copy and comes back to the RX thread
         // through release_rx_slot when lwIP frees it. Sizing: 256 per turn bounds the turn's length.
         using Kind = threading::RxThread::Kind;

@@ -683,6 +683,17 @@ public:
     std::optional<CmEvent> get_cm_event();
     // Readable (eventfd) while CM events are queued: for epoll next to the CQs' fds.
     int cm_fd() const noexcept { return cm_efd_; }
+
+    // ---- sleeping instead of polling (RX thread mode) ----
+    // Completions, CM events and TCP work all happen inside poll(); with an RX thread the application may sleep
+    // between polls: call prepare_sleep(); if it returns true, epoll on wake_fd() (with the CQ and CM fds) —
+    // the RX thread makes wake_fd() readable when the next frame arrives — then poll() again. If it returns
+    // false, something is already waiting: poll() now. TCP's timers run inside poll(): give epoll a timeout
+    // of a few ms. In run-to-completion mode nothing runs while the application sleeps, so prepare_sleep()
+    // returns false (keep polling, or sleep with a short timeout).
+    //   for (;;) { while (ctx->poll() != 0) {}  drain CQs;  if (ctx->prepare_sleep()) epoll_wait(...); }
+    bool prepare_sleep() noexcept;
+    int wake_fd() const noexcept { return wake_efd_; }
     // Asynchronous events (ibv_get_async_event): SRQ limit. Bounded ring; overflow counted.
     std::optional<AsyncEvent> get_async_event() noexcept;
     std::uint64_t async_dropped() const noexcept { return async_dropped_; }
@@ -765,6 +776,9 @@ private:
     std::vector<CmId*> ids_;             // live CM ids (timers); control path
     std::deque<CmEvent> events_;         // control path
     int cm_efd_{-1};
+    int wake_efd_{-1};                   // RX thread -> sleeping application thread (prepare_sleep)
+    std::atomic<bool> want_wake_{false};
+    bool slept_{false};                  // prepare_sleep() said yes: drain wake_efd_ at the next poll
     // Async events come from the data path: a ring allocated at open. Sizing: one per armed SRQ limit in
     // flight; 64 covers an application that does not read them for a while, beyond that they are counted.
     std::array<AsyncEvent, 64> async_{};

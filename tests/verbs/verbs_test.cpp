@@ -7,6 +7,7 @@
 #include <catch2/catch.hpp>
 
 #include <poll.h>
+#include <sys/epoll.h>
 
 #include <cstring>
 #include <filesystem>
@@ -1049,6 +1050,64 @@ TEST_CASE("solicited-only CQ notification: a plain SEND does not fire it, SEND_S
                          .send_flags = i == 1 ? verbs::send_flags::solicited : 0u});
             if (i < 2) Peer::expect(p.wait_wc(1)[0], WcStatus::success, WcOpcode::recv, 10u + i);  // "go"
         }
+        return p.end(0);
+    };
+    check_outcomes(run_pair(server, client));
+}
+
+// Sleeping instead of polling: with the RX thread the application may sleep in epoll on wake_fd() (next to its
+// CQ's fd) and the arriving SEND wakes it; in run-to-completion mode prepare_sleep() always says "poll".
+TEST_CASE("sleep in epoll until a SEND arrives (RX thread wakes the application)", "[verbs][memif]") {
+    auto server = [](const PeerConfig& cfg) {
+        Peer p(cfg, 4096, verbs::access::local_write);
+        p.post_recv(1, 0, 64);
+        p.serve();
+        if (p.ctx->threading_mode() == threading::Mode::run_to_completion) {
+            if (p.ctx->prepare_sleep()) throw std::runtime_error("prepare_sleep() said yes in run-to-completion mode");
+            Peer::expect(p.wait_wc(1)[0], WcStatus::success, WcOpcode::recv, 1);
+            return p.end(0);
+        }
+        const int ep = epoll_create1(EPOLL_CLOEXEC);
+        epoll_event ev{.events = EPOLLIN, .data = {.fd = p.ctx->wake_fd()}};
+        epoll_ctl(ep, EPOLL_CTL_ADD, p.ctx->wake_fd(), &ev);
+        ev.data.fd = p.cq->fd();
+        epoll_ctl(ep, EPOLL_CTL_ADD, p.cq->fd(), &ev);
+        p.cq->req_notify(false);
+        int sleeps = 0, woken = 0;
+        std::array<verbs::WorkCompletion, 4> wc;
+        std::size_t n = 0;
+        const auto until = std::chrono::steady_clock::now() + kWait;
+        while (n == 0 && std::chrono::steady_clock::now() < until) {
+            while (p.ctx->poll() != 0) {
+            }
+            n = p.cq->poll(wc);
+            if (n != 0) break;
+            if (!p.ctx->prepare_sleep()) continue;  // something pending: poll again
+            ++sleeps;
+            epoll_event out[2];
+            const int k = epoll_wait(ep, out, 2, 50);  // TCP's timers run inside poll(): a short timeout
+            for (int i = 0; i < k; ++i)
+                if (out[i].data.fd == p.ctx->wake_fd()) ++woken;
+        }
+        ::close(ep);
+        if (n == 0) {
+            const auto& sc = p.ctx->stack().counters();
+            throw std::runtime_error("no completion; rx frames " + std::to_string(sc.rx_frames) + ", QP " +
+                                     verbs::to_string(p.qp->state()) + ", " + p.ctx->stack().protocol_counters());
+        }
+        Peer::expect(wc[0], WcStatus::success, WcOpcode::recv, 1);
+        report("slept " + std::to_string(sleeps) + " times, woken by the RX thread " + std::to_string(woken));
+        if (sleeps == 0 || woken == 0) throw std::runtime_error("never slept or never woken");
+        return p.end(0);
+    };
+    auto client = [](const PeerConfig& cfg) {
+        Peer p(cfg, 4096, verbs::access::local_write);
+        p.connect();
+        p.ctx->run_until([] { return false; }, 300ms);  // the server goes to sleep meanwhile
+        const verbs::Sge sge = p.mr->sge(0, 64);
+        p.post_send({.wr_id = 1, .opcode = verbs::WrOpcode::send, .send_flags = verbs::send_flags::signaled,
+                     .sg_list = {&sge, 1}});
+        Peer::expect(p.wait_wc(1)[0], WcStatus::success, WcOpcode::send, 1);
         return p.end(0);
     };
     check_outcomes(run_pair(server, client));
