@@ -35,6 +35,8 @@
 #include <string>
 #include <vector>
 
+#include "cli.hpp"
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -280,15 +282,6 @@ int run_client(const Options& o) {
     return 0;
 }
 
-std::vector<std::uint32_t> parse_list(const char* s) {
-    std::vector<std::uint32_t> v;
-    std::stringstream in(s);
-    std::string item;
-    while (std::getline(in, item, ','))
-        v.push_back(static_cast<std::uint32_t>(std::strtoul(item.c_str(), nullptr, 10)));
-    return v;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -327,9 +320,9 @@ int main(int argc, char** argv) {
         else if (a == "--timeout")
             o.timeout_s = std::max(1, std::atoi(v));
         else if (a == "--sizes")
-            o.sizes = parse_list(v);
+            o.sizes = softrdma::compare::parse_list(v);
         else if (a == "--stream-sizes")
-            o.stream_sizes = parse_list(v);
+            o.stream_sizes = softrdma::compare::parse_list(v);
         else if (a == "--iters")
             o.iters = std::max(1, std::atoi(v));
         else if (a == "--warmup")

@@ -32,6 +32,7 @@
 #include <rte_mbuf.h>
 #include <spdlog/spdlog.h>
 
+#include "cli.hpp"
 #include "io/port.hpp"
 #include "tests/support/processes.hpp"
 
@@ -313,15 +314,6 @@ bool die_with_parent(pid_t parent) {
     return ::getppid() == parent;
 }
 
-std::vector<std::uint32_t> parse_list(const char* s) {
-    std::vector<std::uint32_t> v;
-    std::stringstream in(s);
-    std::string item;
-    while (std::getline(in, item, ','))
-        v.push_back(static_cast<std::uint32_t>(std::strtoul(item.c_str(), nullptr, 10)));
-    return v;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -332,9 +324,9 @@ int main(int argc, char** argv) {
         if (a == "--no-huge")
             o.no_huge = true;
         else if (a == "--sizes" && has)
-            o.sizes = parse_list(argv[++i]);
+            o.sizes = compare::parse_list(argv[++i]);
         else if (a == "--stream-sizes" && has)
-            o.stream_sizes = parse_list(argv[++i]);
+            o.stream_sizes = compare::parse_list(argv[++i]);
         else if (a == "--iters" && has)
             o.iters = std::max(1u, static_cast<unsigned>(std::atoi(argv[++i])));
         else if (a == "--warmup" && has)
