@@ -385,7 +385,7 @@ unsigned Context::poll_turn() noexcept {
             case Kind::headers:  // payload already placed by the RX thread: lwIP counts stand-in bytes
                 // What placing it produced (completions, a TERMINATE) comes first, in stream order with TCP's
                 // view of the same bytes (a FIN right behind a TERMINATE must not overtake it).
-                if (QueuePair* qp = flows_[f.flow]) qp->drain_rx_events();
+                if (QueuePair* qp = flows_[f.flow]; qp != nullptr && qp->rx_events_pending()) qp->drain_rx_events();
                 stack_->input_headers(f.data, f.len, f.payload_len, &release_rx_slot, rx_.get(), f.slot);
                 break;
             case Kind::gap:  // a segment after a hole, payload dropped: lwIP sees its headers, the peer a dup ACK

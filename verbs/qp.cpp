@@ -24,6 +24,33 @@ constexpr std::uint32_t kRtrStag = 1;                 // RFC 6581 RTR: STag 1 (C
 constexpr std::uint64_t kRtrWrId = ~std::uint64_t{0};  // the RTR's endpoint wr_id: not a slot, no completion
 constexpr std::uint32_t kNoSlot = ~0u;
 
+// The contiguous piece of a scatter list at byte offset `off` (at most `len` bytes); bounds past its end.
+// READ sinks and posted receives are both lists of spans checked at post time.
+rdmap::Mem scatter_piece(std::span<const std::span<std::byte>> sge, std::uint64_t off, std::size_t len) {
+    for (const std::span<std::byte> s : sge) {
+        if (off < s.size()) return {s.data() + off, std::min<std::size_t>(len, s.size() - off), rdmap::MemError::none};
+        off -= s.size();
+    }
+    return {.err = rdmap::MemError::bounds};
+}
+
+// The slot of a READ sink STag (kReadSinkTag | slot), or kNoSlot.
+std::uint32_t read_sink_slot(std::uint32_t stag, std::size_t slots) {
+    const std::uint32_t slot = stag & 0x00ffffffu;
+    return (stag & 0xff000000u) == kReadSinkTag && slot < slots ? slot : kNoSlot;
+}
+
+// The MR right a remote access needs.
+std::uint32_t remote_right(rdmap::Access acc) {
+    switch (acc) {
+    case rdmap::Access::remote_write: return access::remote_write;
+    case rdmap::Access::remote_read: return access::remote_read;
+    case rdmap::Access::remote_atomic: return access::remote_atomic;
+    case rdmap::Access::local_write: break;
+    }
+    return 0;
+}
+
 }  // namespace
 
 // What the receive half tells the QP (RX thread -> application thread, SPSC). Sizing in RxSide.
@@ -40,11 +67,19 @@ struct RxEvent {
     std::array<std::byte, rdmap::kTerminateLen + 2 + rdmap::kMaxHeaderLen> term{};
 };
 
-// A READ/atomic request the tx endpoint framed, with the READ's sink list (application -> RX thread, SPSC).
+// A READ's sink list (or an atomic's 8-byte result SGE). The memory is the application's, registered and
+// checked at post time; it must stay valid until the WR's completion (verbs rule), so the receive half may
+// place into it until it reports the request done.
+struct SinkList {
+    std::array<std::span<std::byte>, rdmap::kMaxSge> sge{};
+    std::uint8_t n{0};
+    std::span<const std::span<std::byte>> spans() const { return std::span(sge).first(n); }
+};
+
+// A READ/atomic request the tx endpoint framed, with its sink list (application -> RX thread, SPSC).
 struct OrqMsg {
     rdmap::OrqEntry e{};
-    std::array<std::span<std::byte>, rdmap::kMaxSge> sink{};
-    std::uint8_t nsink{0};
+    SinkList sink{};
 };
 
 // The stream's receive half with an RX thread: the deframer and an rx-role endpoint, fed by the RX thread
@@ -80,10 +115,7 @@ struct QueuePair::RxSide final : rdmap::Upper, threading::FlowSink {
         if (!ep) return;
         OrqMsg m;
         while (orq.pop(m)) {  // requests framed before their responses can arrive
-            if (m.e.wr_id < sinks.size()) {
-                sinks[m.e.wr_id] = m.sink;
-                nsinks_at(m.e.wr_id) = m.nsink;
-            }
+            if (m.e.wr_id < sinks.size()) sinks[m.e.wr_id] = m.sink;
             ep->expect_response(m.e);
         }
         if (!started) {
@@ -99,20 +131,11 @@ struct QueuePair::RxSide final : rdmap::Upper, threading::FlowSink {
     rdmap::Mem tagged(std::uint32_t stag, std::uint64_t to, std::size_t len, rdmap::Access acc) override {
         using rdmap::MemError;
         if (acc == rdmap::Access::local_write) {  // READ response into our READ WR's sink list (this side's copy)
-            const std::uint32_t slot = stag & 0x00ffffffu;
-            if ((stag & 0xff000000u) != kReadSinkTag || slot >= sinks.size()) return {.err = MemError::invalid_stag};
-            std::uint64_t off = to;
-            for (std::size_t i = 0; i < nsinks_at(slot); ++i) {
-                const std::span<std::byte> sk = sinks[slot][i];
-                if (off < sk.size()) return {sk.data() + off, std::min<std::size_t>(len, sk.size() - off), MemError::none};
-                off -= sk.size();
-            }
-            return {.err = MemError::bounds};
+            const std::uint32_t slot = read_sink_slot(stag, sinks.size());
+            if (slot == kNoSlot) return {.err = rdmap::MemError::invalid_stag};
+            return scatter_piece(sinks[slot].spans(), to, len);
         }
-        const std::uint32_t need = acc == rdmap::Access::remote_write  ? access::remote_write
-                                   : acc == rdmap::Access::remote_read ? access::remote_read
-                                                                       : access::remote_atomic;
-        return qp.ctx_.mr_lookup(stag, to, len, qp.pd_.handle(), need);
+        return qp.ctx_.mr_lookup(stag, to, len, qp.pd_.handle(), remote_right(acc));
     }
     rdmap::MemError recv_begin(std::uint32_t msn) override {
         bool limit = false;
@@ -133,8 +156,8 @@ struct QueuePair::RxSide final : rdmap::Upper, threading::FlowSink {
         const bool ok = c.status == rdmap::WcStatus::success;
         // The atomic's original value goes into the WR's 8-byte SGE here; the completion event orders it
         // before the application sees the completion.
-        if (ok && c.kind == rdmap::WcKind::atomic && c.wr_id < sinks.size() && nsinks_at(c.wr_id) == 1)
-            std::memcpy(sinks[c.wr_id][0].data(), &c.atomic_original, 8);
+        if (ok && c.kind == rdmap::WcKind::atomic && c.wr_id < sinks.size() && sinks[c.wr_id].n == 1)
+            std::memcpy(sinks[c.wr_id].sge[0].data(), &c.atomic_original, 8);
         emit(RxEvent{.kind = RxEvent::Kind::request_done, .slot = c.wr_id, .ok = ok});
     }
     void on_terminate(const rdmap::TermReport& t) override {
@@ -155,13 +178,11 @@ struct QueuePair::RxSide final : rdmap::Upper, threading::FlowSink {
         if (on_rx_thread && !rung.exchange(true, std::memory_order_acq_rel))
             qp.ctx_.doorbell_->push(static_cast<std::uint16_t>(qp.flow_));  // never full: one entry per flow
     }
-    std::uint8_t& nsinks_at(std::size_t slot) { return nsink_count[slot]; }
 
     QueuePair& qp;
     boost::lockfree::spsc_queue<RxEvent> events;  // -> application thread
     boost::lockfree::spsc_queue<OrqMsg> orq;      // <- application thread
-    std::vector<std::array<std::span<std::byte>, rdmap::kMaxSge>> sinks;  // by send slot: this side's copy
-    std::vector<std::uint8_t> nsink_count = std::vector<std::uint8_t>(sinks.size());
+    std::vector<SinkList> sinks;  // by send slot: this side's copy of each outstanding request's sinks
     std::optional<mpa::Deframer<rdmap::Endpoint>> deframer;
     std::optional<rdmap::Endpoint> ep;
     bool started{false};
@@ -434,28 +455,13 @@ bool QueuePair::modify_state(QpState s) noexcept {
 // ==== rdmap::Upper ===========================================================================================
 
 rdmap::Mem QueuePair::tagged(std::uint32_t stag, std::uint64_t to, std::size_t len, rdmap::Access acc) {
-    using rdmap::MemError;
     if (acc == rdmap::Access::local_write) {
         // READ response into the sink list of our READ WR in slot (stag & 0xffffff); `to` counts from 0.
-        const std::uint32_t slot = stag & 0x00ffffffu;
-        if ((stag & 0xff000000u) != kReadSinkTag || slot >= sq_.size()) return {.err = MemError::invalid_stag};
-        const SqSlot& s = sq_[slot];
-        std::uint64_t off = to;
-        for (std::size_t i = 0; i < s.nsink; ++i) {
-            if (off < s.sink[i].size())
-                return {s.sink[i].data() + off, std::min<std::size_t>(len, s.sink[i].size() - off), MemError::none};
-            off -= s.sink[i].size();
-        }
-        return {.err = MemError::bounds};
+        const std::uint32_t slot = read_sink_slot(stag, sq_.size());
+        if (slot == kNoSlot) return {.err = rdmap::MemError::invalid_stag};
+        return scatter_piece(std::span(sq_[slot].sink).first(sq_[slot].nsink), to, len);
     }
-    std::uint32_t need = 0;
-    switch (acc) {
-    case rdmap::Access::remote_write: need = access::remote_write; break;
-    case rdmap::Access::remote_read: need = access::remote_read; break;
-    case rdmap::Access::remote_atomic: need = access::remote_atomic; break;
-    case rdmap::Access::local_write: break;
-    }
-    return ctx_.mr_lookup(stag, to, len, pd_.handle(), need);
+    return ctx_.mr_lookup(stag, to, len, pd_.handle(), remote_right(acc));
 }
 
 // ---- the receive queue (either thread: see RecvQueue) ----
@@ -478,13 +484,7 @@ const RecvSlot* QueuePair::RecvQueue::current(std::uint32_t msn) const noexcept 
 rdmap::Mem QueuePair::RecvQueue::place(std::uint32_t msn, std::uint32_t mo, std::size_t len) const noexcept {
     const RecvSlot* rp = current(msn);
     if (rp == nullptr) return {.err = rdmap::MemError::bounds};
-    std::uint32_t off = mo;
-    for (std::size_t i = 0; i < rp->nsge; ++i) {
-        if (off < rp->sge[i].size())
-            return {rp->sge[i].data() + off, std::min<std::size_t>(len, rp->sge[i].size() - off), rdmap::MemError::none};
-        off -= static_cast<std::uint32_t>(rp->sge[i].size());
-    }
-    return {.err = rdmap::MemError::bounds};
+    return scatter_piece(std::span(rp->sge).first(rp->nsge), mo, len);
 }
 
 WorkCompletion QueuePair::RecvQueue::complete(const rdmap::Completion& c, std::uint32_t qp_num) noexcept {
@@ -700,10 +700,7 @@ void QueuePair::tx_pump() noexcept {
 
 void QueuePair::on_request_sent(const rdmap::OrqEntry& e) {
     OrqMsg m{.e = e};
-    if (e.wr_id < sq_.size()) {
-        m.sink = sq_[e.wr_id].sink;
-        m.nsink = sq_[e.wr_id].nsink;
-    }
+    if (e.wr_id < sq_.size()) m.sink = SinkList{sq_[e.wr_id].sink, sq_[e.wr_id].nsink};
     if (rxs_) rxs_->orq.push(m);  // never full: one per send slot + the RTR
 }
 
@@ -729,6 +726,8 @@ void QueuePair::on_marker() noexcept {
 void QueuePair::on_gap() noexcept {
     if (conn_ != nullptr && conn_->conn_) conn_->conn_->ack_now();
 }
+
+bool QueuePair::rx_events_pending() const noexcept { return rxs_ && rxs_->events.read_available() != 0; }
 
 void QueuePair::drain_rx_events() noexcept {
     if (!rxs_) return;

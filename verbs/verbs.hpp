@@ -450,6 +450,7 @@ private:
     void on_marker() noexcept;
     void on_gap() noexcept;
     void drain_rx_events() noexcept;
+    bool rx_events_pending() const noexcept;  // cheap (one load): events queued by the receive half
     void detach_rx() noexcept;
 
     // Stream (RDMA mode), built by enter_rts.
