@@ -87,7 +87,8 @@ TermCode Endpoint::fail(TermCode code, std::span<const std::byte> hdr, std::size
     const OpInfo& op = op_info(Opcode::terminate);
     ddp::UntaggedHeader uh{ddp::ctrl_with_last(op.ctrl, true), 0, kQnTerminate, tx_msn_[kQnTerminate]++, 0};
     uh.encode(t);
-    TerminateHeader{code, a.m, a.d, a.r}.encode(t);
+    const TerminateHeader th{code, a.m, a.d, a.r};
+    th.encode(t);
     std::size_t len = kTerminateLen;
     if (a.hdr_bytes > 0) {
         ddp::store_be16(t, len, static_cast<std::uint16_t>(std::min<std::size_t>(seg_len, 0xFFFF)));
@@ -100,7 +101,7 @@ TermCode Endpoint::fail(TermCode code, std::span<const std::byte> hdr, std::size
 
     upper_.on_terminate(TermReport{code, false, a.m, a.d, a.r,
                                    std::span<const std::byte>(term_tx_).subspan(kTerminateLen, len - kTerminateLen),
-                                   std::span<const std::byte>(term_tx_).first(len)});
+                                   th.word(), std::span<const std::byte>(term_tx_).first(len)});
     flush();
     return code;
 }
@@ -115,7 +116,7 @@ void Endpoint::enter_error_received(TermCode code, const TerminateHeader& th, st
     if (state_ == State::error) return;
     state_ = State::error;
     error_ = code;
-    upper_.on_terminate(TermReport{code, true, th.m, th.d, th.r, attached});
+    upper_.on_terminate(TermReport{code, true, th.m, th.d, th.r, attached, th.word()});
     flush();
 }
 
@@ -197,6 +198,8 @@ void Endpoint::flush() {
 PostStatus Endpoint::post(const WorkRequest& wr) {
     if (state_ != State::operational) return PostStatus::not_operational;
     if (wr.num_sge > kMaxSge) return PostStatus::bad_wr;
+    if (!cfg_.rfc7306 && (wr.with_imm || wr.op == WrOp::fetch_add || wr.op == WrOp::cmp_swap))
+        return PostStatus::not_agreed;  // RFC 7306 messages reach only peers that agreed to them (Config::rfc7306)
     const std::size_t len = sgl_length(wr);
     switch (wr.op) {
     case WrOp::send:
@@ -479,6 +482,7 @@ ProtoStatus Endpoint::rx_header(std::span<const std::byte> hdr, std::size_t payl
     if (ctrl_rdmap_version(ctrl) != kRdmapVersion) return fail(err::o_version, {}, 0);
     const OpInfo& op = kOpTable[ctrl_opcode(ctrl)];
     if (!op.valid || (op.dirs & kDirRx) == 0 || op.tagged != ddp::ctrl_tagged(ctrl)) return fail(err::o_opcode, {}, 0);
+    if (is_rfc7306(ctrl_opcode(ctrl)) && !cfg_.rfc7306) return fail(err::o_opcode, {}, 0);  // not agreed here
     if (hdr.size() != op.hdr_len) return fail(ddp::err::local_catastrophic, {}, 0);  // deframer broke the contract
 
     rx_.op = &op;

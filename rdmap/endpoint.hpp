@@ -62,7 +62,7 @@ struct WorkRequest {
     std::uint8_t num_sge{0};
 };
 
-enum class PostStatus : std::uint8_t { ok, queue_full, bad_wr, not_operational };
+enum class PostStatus : std::uint8_t { ok, queue_full, bad_wr, not_operational, not_agreed };
 
 // Which half of the stream an endpoint runs. `both` is one endpoint on one thread. With an RX thread, a
 // stream has two endpoints: `tx` on the application thread (posting, framing, READ/atomic responses, the
@@ -80,6 +80,11 @@ struct Config {
     Role role{Role::both};
     // Role tx/rx: inbound requests the tx endpoint has answered (written by tx, read by rx). Borrowed.
     std::atomic<std::uint32_t>* answered{nullptr};
+    // RFC 7306 (Immediate Data, Atomic Request/Response, opcodes 8-11) on this stream. RFC 7306 leaves the
+    // agreement to the ULP (nothing in MPA negotiates it): off, post() refuses those operations (not_agreed)
+    // and an inbound one is a TERMINATE (RDMAP, unexpected opcode), which is what peers without RFC 7306
+    // (Linux siw, Chelsio) do with them.
+    bool rfc7306{false};
 };
 
 enum class State : std::uint8_t { operational, error };
@@ -127,7 +132,9 @@ public:
     void answer(const IrqEntry& e);
     // tx: the rx endpoint failed and built `terminate` (TermReport::frame): send it, then error and flush.
     void send_terminate(TermCode code, std::span<const std::byte> terminate);
-    // tx: the stream died on the rx side (a TERMINATE received): error and flush, nothing sent.
+    // The stream ended without a protocol error (a TERMINATE received on the rx side, the connection closed
+    // in order or lost, the QP moved to ERR): error and flush, and nothing is sent. An orderly close is a FIN
+    // and nothing else; a TERMINATE is for protocol errors.
     void stop(TermCode code);
 
     State state() const { return state_; }

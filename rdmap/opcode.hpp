@@ -122,6 +122,10 @@ inline constexpr std::array<OpInfo, kOpcodeCount> kOpTable = detail::build_table
 
 constexpr const OpInfo& op_info(Opcode op) { return kOpTable[static_cast<std::size_t>(op)]; }
 
+// Opcodes 8..11 are RFC 7306's (Immediate Data, Immediate Data with SE, Atomic Request, Atomic Response): a
+// stream carries them only when both ends agreed to (Config::rfc7306).
+constexpr bool is_rfc7306(std::uint8_t opcode) { return opcode >= 8 && opcode <= 11; }
+
 // The values iwarp-wire.md lists for real peers (with the Last flag).
 static_assert(ddp::ctrl_with_last(kOpTable[0].ctrl, true) == 0xC140);
 static_assert(ddp::ctrl_with_last(kOpTable[1].ctrl, true) == 0x4141);

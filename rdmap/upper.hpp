@@ -124,6 +124,9 @@ struct TermReport {
     bool d{false};
     bool r{false};
     std::span<const std::byte> attached{};
+    // The 32-bit control word (layer, type, code, M/D/R) exactly as on the wire. Peers disagree on its bit
+    // layout (Linux siw's x86 build swaps layer and type, see README), so a report keeps the raw word too.
+    std::uint32_t raw{0};
     // A sent TERMINATE: the whole ULPDU (header + attached) as it goes on the wire, for a split tx endpoint.
     std::span<const std::byte> frame{};
 };

@@ -823,6 +823,90 @@ TEST_CASE("received TERMINATE: reported, posted work flushed, no TERMINATE back"
     CHECK(a.upper.terminates.size() == 1);
 }
 
+// RFC 7306 is agreed out of band (Config::rfc7306). Without it: nothing of it is posted, and an inbound RFC 7306
+// message is what Linux siw answers it with: TERMINATE, RDMAP remote operation, unexpected opcode (0x06).
+TEST_CASE("RFC 7306 not agreed: post refuses immediate data and atomics; inbound ones draw unexpected opcode",
+          "[rdmap][terminate]") {
+    SideConfig plain;
+    plain.ep.rfc7306 = false;
+    SECTION("post") {
+        Side a(plain);
+        const auto p = bytes_of(8, 1);
+        WorkRequest imm = send_wr(1, p);
+        imm.with_imm = true;
+        CHECK(a.ep.post(imm) == PostStatus::not_agreed);
+        WorkRequest wimm;
+        wimm.op = WrOp::write;
+        wimm.with_imm = true;
+        wimm.remote_stag = 5;
+        CHECK(a.ep.post(wimm) == PostStatus::not_agreed);
+        for (const WrOp op : {WrOp::fetch_add, WrOp::cmp_swap}) {
+            WorkRequest at;
+            at.op = op;
+            at.remote_stag = 5;
+            CHECK(a.ep.post(at) == PostStatus::not_agreed);
+        }
+        CHECK(a.drain().empty());  // nothing reaches the wire
+        CHECK(a.ep.state() == State::operational);
+        CHECK(a.ep.post(send_wr(2, p)) == PostStatus::ok);  // the rest of RFC 5040 is unaffected
+    }
+    SECTION("inbound Immediate Data") {
+        Side b(plain);
+        std::vector<std::byte> h = untagged(Opcode::imm_data, true, kQnSend, 1, 0);
+        encode_imm(h, 42);
+        CHECK(b.feed(make_fpdu(h)) == err::o_opcode);
+        expect_terminate(b, err::o_opcode, false, false, false);
+        CHECK(b.upper.completions.empty());
+    }
+    SECTION("inbound Atomic Request") {
+        Side b(plain);
+        b.feed(make_fpdu(atomic_request(1, AtomicRequest{})));
+        expect_terminate(b, err::o_opcode, false, false, false);
+    }
+    SECTION("agreed: the same Immediate Data is taken") {
+        Side a, b;  // harness default: rfc7306 on
+        const auto p = bytes_of(8, 1);
+        WorkRequest imm = send_wr(1, p);
+        imm.with_imm = true;
+        imm.imm = 9;
+        REQUIRE(a.ep.post(imm) == PostStatus::ok);
+        b.upper.post_recv(64);
+        b.upper.post_recv(64);
+        CHECK_FALSE(b.feed(a.drain()).has_value());
+        CHECK(b.ep.state() == State::operational);
+    }
+}
+
+// An orderly end (the connection closed, the QP moved to ERR) is a FIN and nothing else: stop() flushes what is
+// outstanding and queues no TERMINATE (Linux siw answers a TERMINATE before a FIN with a reset).
+TEST_CASE("stop(): posted work flushed, nothing sent", "[rdmap][terminate]") {
+    Side a;
+    const auto p = bytes_of(10, 1);
+    REQUIRE(a.ep.post(send_wr(1, p)) == PostStatus::ok);
+    a.ep.stop(mpa::kTermConnectionLost);
+    CHECK(a.ep.state() == State::error);
+    CHECK_FALSE(a.ep.tx_ready());
+    CHECK(a.drain().empty());
+    CHECK(a.upper.terminates.empty());
+    REQUIRE(a.upper.completions.size() == 1);
+    CHECK(a.upper.completions[0].status == WcStatus::flushed);
+}
+
+// The control word as the peer put it on the wire reaches the report: siw's x86 build lays the fields out as
+// little-endian bit fields, so its "LLP, MPA, code 0x01" arrives reading as layer 0 type 2.
+TEST_CASE("received TERMINATE: the raw control word is reported as received", "[rdmap][terminate]") {
+    Side b;
+    std::vector<std::byte> h = untagged(Opcode::terminate, true, kQnTerminate, 1, 0);
+    const std::uint32_t siw_word = 0x02010000;  // siw x86: layer 2 in the low nibble, type 0 in the high one
+    ddp::store_be32(h, 18, siw_word);
+    b.feed(make_fpdu(h));
+    REQUIRE(b.upper.terminates.size() == 1);
+    CHECK(b.upper.terminates[0].received);
+    CHECK(b.upper.terminates[0].raw == siw_word);
+    CHECK(b.upper.terminates[0].code == TermCode{TermLayer::rdmap, 2, 0x01});  // how RFC 5040 reads it
+    CHECK(b.drain().empty());
+}
+
 // ==== CRC off: the plain (non-fused) payload path ===========================================================
 
 TEST_CASE("CRC off: SEND, WRITE, READ through the memcpy path", "[rdmap]") {

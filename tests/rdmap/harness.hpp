@@ -110,7 +110,7 @@ public:
 };
 
 struct SideConfig {
-    rdmap::Config ep{};
+    rdmap::Config ep{.rfc7306 = true};  // most cases exercise Immediate Data and atomics; the gate has its own
     std::uint32_t emss{1448};
     bool crc{true};
 };
