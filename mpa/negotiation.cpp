@@ -189,9 +189,8 @@ void Responder::evaluate_request() {
     agreed_.ird = cfg_.ird;
     agreed_.ord = cfg_.ord;
 
-    if (f.revision < 1) {  // revision 0 (pre-RFC) and anything unknown below 1
-        reply_revision_ = 1;
-        auto_reject(FailReason::protocol, kTermInvalidFrame);
+    if (f.revision > 2) {  // no reply: the connection closes (siw's -EPROTO; Chelsio aborts)
+        fail(FailReason::protocol, kTermInvalidFrame, false);
         return;
     }
     if (f.markers && !cfg_.markers_tx_ok) {

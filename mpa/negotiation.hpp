@@ -21,9 +21,13 @@
 //    behaviour, siw's mpa_crc_strict): the responder rejects, the initiator fails.
 //  - Markers (RFC 5044 s7.1, M flag): each side's M says it wants Markers on the data it *receives*, so the
 //    request's M decides responder->initiator and the reply's M decides initiator->responder. We can send and
-//    receive Markers; markers_tx_ok = false refuses to send them (then we reject/fail, like siw).
-//  - Revision: the initiator offers 1 or 2 (2 = enhanced, with IRD/ORD, always sent like siw). The responder
-//    accepts 1 and 2 and replies with the request's revision (lowered to its own configured revision).
+//    receive Markers, but by default refuse to send them (markers_tx_ok = false: the responder rejects, the
+//    initiator fails), as Linux siw does: no other software peer implements them, and no real one has checked
+//    our placement. markers_tx_ok = true agrees.
+//  - Revision, as siw and Chelsio: the initiator offers 1 or 2 (2 = enhanced, with IRD/ORD, always sent like
+//    siw). The responder answers revisions 0, 1 and 2 with the request's revision (lowered to its own
+//    configured revision; 0 is the pre-RFC draft, framed like 1) and drops a request above 2 without a reply
+//    (siw: -EPROTO, the connection closes; cxgb4 aborts).
 //  - IRD/ORD (RFC 6581 s3): the peer's ORD must fit our IRD; we grow our IRD up to max_ird (relaxed, like siw)
 //    else fail with insufficient IRD (0x06, TERMINATE from the initiator). Our ORD is cut to the peer's IRD.
 //  - Peer-to-peer (RFC 6581 s4-6): the initiator offers RTR types; the responder picks WRITE if offered and
@@ -71,7 +75,7 @@ struct NegotiationConfig {
     std::uint8_t revision = 2;          // revision the initiator offers / the highest the responder speaks
     CrcPolicy crc = CrcPolicy::off;
     bool markers_rx = false;            // ask for Markers on the data we receive (our M bit)
-    bool markers_tx_ok = true;          // agree to put Markers on the data we send when the peer asks
+    bool markers_tx_ok = false;         // agree to put Markers on the data we send when the peer asks
     bool peer_to_peer = false;          // initiator: ask for P2P; responder: accept P2P requests
     RtrSet rtr{true, true, false};      // initiator: RTR types offered; responder: types accepted
     std::uint16_t ird = 1;              // initiator: IRD/ORD sent; responder: defaults for accept()

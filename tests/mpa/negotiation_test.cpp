@@ -388,12 +388,63 @@ TEST_CASE("negotiation: rejects, bad keys, revisions", "[negotiation]") {
         CHECK(take_output(r) == hex("4d504120494420526570204672616d650001" "0000"));
         CHECK_FALSE(r.agreed().enhanced);
     }
-    SECTION("revision 0 is rejected") {
+    SECTION("revision 0 request (pre-RFC draft): answered with revision 0, as siw") {
         Responder r(NegotiationConfig{});
         r.start(t0);
         r.input(hex("4d504120494420526571204672616d650000" "0000"), t0);
+        REQUIRE(r.outcome() == Outcome::request_received);
+        REQUIRE(r.accept({}, 1, 1));
+        CHECK(take_output(r) == hex("4d504120494420526570204672616d650000" "0000"));
+        CHECK_FALSE(r.agreed().enhanced);
+    }
+    SECTION("revision 3 request: no reply, the connection closes (siw -EPROTO, Chelsio aborts)") {
+        Responder r(NegotiationConfig{});
+        r.start(t0);
+        r.input(hex("4d504120494420526571204672616d650003" "0000"), t0);
         CHECK(r.outcome() == Outcome::failed);
-        CHECK((std::to_integer<int>(take_output(r)[16]) & kFlagReject) != 0);
+        CHECK(r.failure().reason == FailReason::protocol);
+        CHECK_FALSE(r.failure().send_terminate);
+        CHECK(r.output().empty());
+    }
+    SECTION("revision 2 request without the enhanced flag: revision 2 reply, no IRD/ORD") {
+        Responder r(NegotiationConfig{});
+        r.start(t0);
+        r.input(hex("4d504120494420526571204672616d650002" "0000"), t0);
+        REQUIRE(r.outcome() == Outcome::request_received);
+        REQUIRE(r.accept({}, 1, 1));
+        CHECK(take_output(r) == hex("4d504120494420526570204672616d650002" "0000"));
+        CHECK_FALSE(r.agreed().enhanced);
+    }
+    SECTION("markers by default: a request asking for them is rejected, as siw") {
+        NegotiationConfig ic;
+        ic.markers_rx = true;
+        Initiator i(ic);
+        Responder r(NegotiationConfig{});
+        i.start(t0);
+        r.start(t0);
+        r.input(take_output(i), t0);
+        CHECK(r.outcome() == Outcome::failed);
+        CHECK(r.failure().reason == FailReason::unsupported);
+        const auto rep = take_output(r);
+        REQUIRE(rep.size() >= 20);
+        CHECK((std::to_integer<int>(rep[16]) & kFlagReject) != 0);
+        CHECK((std::to_integer<int>(rep[16]) & 0x80) == 0);  // the reply does not carry M
+        i.input(rep, t0);
+        CHECK(i.outcome() == Outcome::rejected);
+    }
+    SECTION("markers by default: a reply asking for them fails the initiator") {
+        NegotiationConfig rc;
+        rc.markers_rx = true;
+        rc.markers_tx_ok = true;
+        Initiator i(NegotiationConfig{});
+        Responder r(rc);
+        i.start(t0);
+        r.start(t0);
+        r.input(take_output(i), t0);
+        REQUIRE(r.accept({}, 1, 1));
+        i.input(take_output(r), t0);
+        CHECK(i.outcome() == Outcome::failed);
+        CHECK(i.failure().reason == FailReason::unsupported);
     }
     SECTION("reply revision above the request's is a protocol error") {
         NegotiationConfig c;
@@ -503,6 +554,7 @@ TEST_CASE("negotiation: agreed modes drive FpduTx and Deframer end to end", "[ne
         ic.crc = (mode & 1) ? CrcPolicy::preferred : CrcPolicy::off;
         ic.markers_rx = mode & 2;
         rc.markers_rx = mode & 4;
+        ic.markers_tx_ok = rc.markers_tx_ok = true;  // markers are opt-in (refused by default, as siw)
         Initiator i(ic);
         Responder r(rc);
         i.start(t0);

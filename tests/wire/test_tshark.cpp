@@ -79,7 +79,9 @@ void expect_message(std::vector<Fields>& out, rdmap::Opcode op, std::size_t tota
 // One side of the connection: the real layers on plain bytes, plus what it sent.
 struct Side {
     explicit Side(const mpa::Agreed& a)
-        : tx(mpa::tx_config(a, mss)), framer(tx), ep(upper, framer, rdmap::Config{64, ird_ord, ird_ord}),
+        : tx(mpa::tx_config(a, mss)),
+          framer(tx),
+          ep(upper, framer, rdmap::Config{.sq_depth = 64, .ird = ird_ord, .ord = ird_ord, .rfc7306 = true}),
           deframer(mpa::rx_config(a)), markers_tx(a.markers_tx) {}
     MemoryUpper upper;
     mpa::FpduTx tx;
@@ -114,6 +116,7 @@ std::pair<mpa::Agreed, mpa::Agreed> negotiate(TcpSessionWriter& tcp, const Setup
     cfg.revision = setup.revision;
     cfg.crc = setup.crc;
     cfg.markers_rx = setup.markers;
+    cfg.markers_tx_ok = setup.markers;  // opt-in (refused by default, as siw)
     cfg.ird = cfg.ord = ird_ord;
     mpa::Initiator ini(cfg);
     mpa::Responder resp(cfg);
