@@ -6,18 +6,12 @@
 
 #include <spdlog/spdlog.h>
 
+#include "rdmap/term_text.hpp"
 #include "stack/tcp.hpp"
 #include "verbs/verbs.hpp"
 
 namespace softrdma::verbs {
 namespace {
-
-std::string term_text(const TerminateInfo& t) {
-    char buf[96];
-    std::snprintf(buf, sizeof buf, "TERMINATE %s: layer %u type %u code 0x%02x", t.received ? "received" : "sent",
-                  static_cast<unsigned>(t.code.layer), t.code.etype, t.code.ecode);
-    return buf;
-}
 
 const char* fail_text(mpa::FailReason r) {
     switch (r) {
@@ -31,6 +25,20 @@ const char* fail_text(mpa::FailReason r) {
 }
 
 }  // namespace
+
+std::string TerminateInfo::describe() const {
+    char buf[320];
+    const char* text = rdmap::term_text(code);
+    int n = std::snprintf(buf, sizeof buf, "TERMINATE %s: layer %u type %u code 0x%02x (%s), control word 0x%08x",
+                          received ? "received" : "sent", static_cast<unsigned>(code.layer), code.etype, code.ecode,
+                          text != nullptr ? text : "not an RFC 5040/5041/5044 code", raw);
+    // Linux siw's x86 build lays the word out swapped (layer and type exchanged): say what such a peer meant.
+    const TermCode siw = rdmap::term_code_siw_x86(raw);
+    if (received && !(siw == code) && rdmap::term_text(siw) != nullptr && n > 0 && static_cast<std::size_t>(n) < sizeof buf)
+        std::snprintf(buf + n, sizeof buf - static_cast<std::size_t>(n), "; laid out as Linux siw (x86) sends it: %s",
+                      rdmap::term_text(siw));
+    return buf;
+}
 
 // TCP callbacks, forwarded. Ownership of received bytes stays with the RecvBuffer: the QP copies payload
 // out of the pbufs (the one copy) during the call, and the pbufs go back to DPDK when it returns.
@@ -95,7 +103,10 @@ void Context::new_request(CmListener& l, std::unique_ptr<stack::TcpConnection> c
     id->conn_->set_handler(id->handler_.get());
     mpa::NegotiationConfig nc;
     nc.crc = l.defaults_.crc;
-    nc.peer_to_peer = true;  // we accept peer-to-peer requests (RTR WRITE preferred, else READ)
+    nc.peer_to_peer = true;  // we answer peer-to-peer requests (RTR WRITE preferred, else READ), as siw
+    nc.rtr = l.defaults_.rtr;
+    nc.markers_rx = l.defaults_.markers_rx;
+    nc.markers_tx_ok = l.defaults_.markers_tx;
     nc.ird = l.defaults_.responder_resources;
     nc.ord = l.defaults_.initiator_depth;
     if (l.defaults_.mpa_timeout.count() > 0) nc.request_timeout = l.defaults_.mpa_timeout;
@@ -107,8 +118,12 @@ void Context::new_request(CmListener& l, std::unique_ptr<stack::TcpConnection> c
 
 std::unique_ptr<CmId> Context::connect(stack::Ipv4 addr, std::uint16_t port, QueuePair& qp, const ConnParam& param) {
     if (qp.state_ != QpState::init || qp.conn_ != nullptr) throw Error("connect: the QP must be in INIT, unconnected");
-    if (param.private_data.size() > mpa::kMaxPrivateDataSent - mpa::kIrdOrdSize)
-        throw Error("connect: private data above 252 bytes");
+    if (param.mpa_revision != 1 && param.mpa_revision != 2) throw Error("connect: MPA revision must be 1 or 2");
+    if (param.peer_to_peer && param.mpa_revision != 2) throw Error("connect: peer-to-peer mode needs MPA revision 2");
+    if (param.peer_to_peer && !param.rtr.write && !param.rtr.read && !param.rtr.send)
+        throw Error("connect: peer-to-peer mode needs at least one RTR type");
+    if (param.private_data.size() > mpa::kMaxPrivateDataSent - (param.mpa_revision == 2 ? mpa::kIrdOrdSize : 0))
+        throw Error("connect: private data above 252 bytes (256 with MPA revision 1)");
     std::unique_ptr<CmId> id(new CmId(*this));
     id->initiator_ = true;
     id->qp_ = &qp;
@@ -116,13 +131,19 @@ std::unique_ptr<CmId> Context::connect(stack::Ipv4 addr, std::uint16_t port, Que
     qp.state_ = QpState::rtr;  // MPA negotiation under way
     id->pd_copy_.assign(param.private_data.begin(), param.private_data.end());
     mpa::NegotiationConfig nc;
+    nc.revision = param.mpa_revision;
     nc.crc = param.crc;
     nc.peer_to_peer = param.peer_to_peer;
+    nc.rtr = param.rtr;
+    nc.markers_rx = param.markers_rx;
+    nc.markers_tx_ok = param.markers_tx;
     nc.ird = param.responder_resources;
     nc.ord = param.initiator_depth;
     nc.private_data = id->pd_copy_;
     if (param.mpa_timeout.count() > 0) nc.reply_timeout = param.mpa_timeout;
     id->ini_.emplace(nc);
+    id->rfc7306_ = param.rfc7306;
+    id->guard_ = param.first_fpdu;
     id->phase_ = CmId::Phase::connecting;
     id->conn_ = stack::connect(*stack_, addr, port, *id->handler_);
     return id;
@@ -134,6 +155,7 @@ bool CmId::accept(QueuePair& qp, const ConnParam& param) {
     if (phase_ != Phase::request || !resp_ || qp.conn_ != nullptr || qp.state_ != QpState::init) return false;
     if (!resp_->accept(param.private_data, param.responder_resources, param.initiator_depth)) return false;
     qp_ = &qp;
+    rfc7306_ = param.rfc7306;
     write_negotiation_output();  // the reply goes into TCP before any FPDU of the QP
     go_rdma(resp_->agreed());
     emit(CmEventType::established);
@@ -306,21 +328,91 @@ void CmId::go_rdma(const mpa::Agreed& agreed) {
     ord_ = agreed.ord;
     if (qp_ == nullptr) return;
     const std::uint32_t mss = conn_ ? conn_->mss() : 0;
-    qp_->enter_rts(*this, agreed, mss != 0 ? mss : 536, initiator_);
+    const bool hold = initiator_ && guard_.mode == FirstFpduGuard::Mode::hold;
+    qp_->enter_rts(*this, agreed, mss != 0 ? mss : 536, initiator_, rfc7306_, hold);
+    guarding_ = initiator_ && guard_.mode != FirstFpduGuard::Mode::off && ini_->outcome() == mpa::Outcome::agreed;
+    hold_until_ = mpa::Clock::now() + guard_.delay;
+    first_tx_at_.reset();
+    nudges_sent_ = 0;
+    nudge_step_ = 0;
+    tx_seen_ = 0;
 }
 
-void CmId::qp_failed() {
-    const std::string reason = qp_ != nullptr && qp_->term_ ? term_text(*qp_->term_) : std::string("QP error");
-    finish(CmEventType::disconnected, reason, quiet_close_);
+// ---- The accept window ----------------------------------------------------------------------------------------
+// Linux siw (6.1, siw_cm.c siw_accept) sends its MPA reply and only afterwards attaches its RDMA receive upcall
+// to the socket (siw_qp_socket_assoc; in peer-to-peer mode the RTR upcall). TCP bytes that arrive in between
+// are acknowledged by the kernel but nobody reads them: the socket's data-ready callback fired while the CM's
+// own handler was still installed, which ignores data in RDMA mode, and it fires again only when the next
+// segment arrives. A kernel initiator is never that fast; a user-space one is: our first FPDU (the first SEND,
+// or the RTR) leaves 0.1-0.2 ms after the reply, siw ACKs it and never processes it, and both ends wait forever
+// (seen in 10 of 13 connects; in peer-to-peer mode the reset that ends such a stuck connection crashed the
+// 6.1 guest kernel in iw_cm). Nothing in MPA tells us when the peer is ready, so the initiator makes sure a
+// segment of ours arrives after any such window (FirstFpduGuard):
+//   nudge (default): the first FPDU goes at once; while the stream then stays quiet, a zero-length RDMA WRITE
+//     to STag 1 follows `delay`, 10x and 100x ... after it. A zero-length WRITE places nothing and completes
+//     nothing (siw skips it before any STag check, softrdma too, as for the RTR); arriving after the window it
+//     makes siw read everything queued. Skipped while our stream is sending anyway (its own segments do the
+//     same), and over for good once the peer has sent us an FPDU and we sent more after it (its receive path
+//     is then provably live). Costs softrdma-to-softrdma setup nothing.
+//   hold: the first FPDU waits `delay` (every connection pays it; for peers that must see no extra FPDU).
+//   off: neither (a responder without the window: softrdma, an RNIC).
+void CmId::guard_first_fpdu(mpa::Clock::time_point now) {
+    if (phase_ != Phase::rdma || qp_ == nullptr || qp_->state() != QpState::rts) {
+        guarding_ = false;
+        return;
+    }
+    if (guard_.mode == FirstFpduGuard::Mode::hold) {
+        if (now >= hold_until_ || qp_->peer_spoke()) {
+            qp_->release_first_fpdu();
+            guarding_ = false;
+        }
+        return;
+    }
+    const std::uint64_t tx = qp_->tx_written();
+    if (!first_tx_at_) {
+        if (tx == 0) return;  // the first FPDU has not reached TCP yet
+        first_tx_at_ = now;
+        tx_seen_ = tx;
+        last_tx_seen_ = now;
+        return;
+    }
+    if (qp_->peer_spoke() && tx > qp_->tx_written_when_peer_spoke()) {
+        guarding_ = false;  // the peer sent from its receive path, and a segment of ours followed: it is live
+        return;
+    }
+    if (tx != tx_seen_) {
+        tx_seen_ = tx;
+        last_tx_seen_ = now;
+    }
+    if (nudge_step_ >= guard_.nudges) {
+        guarding_ = false;
+        return;
+    }
+    auto due = guard_.delay;
+    for (unsigned k = 0; k < nudge_step_ && due < std::chrono::minutes(1); ++k) due *= 10;
+    if (now < *first_tx_at_ + due) return;
+    ++nudge_step_;
+    // A stream still sending puts its own segments behind the window: no nudge needed at this step.
+    if (now - last_tx_seen_ < std::chrono::milliseconds(2)) return;
+    if (qp_->post_nudge()) ++nudges_sent_;
 }
+
+void CmId::qp_failed() { finish(CmEventType::disconnected, "QP error", quiet_close_); }
 
 void CmId::finish(CmEventType type, const std::string& reason, bool quiet) {
     if (phase_ == Phase::closed) return;
     phase_ = Phase::closed;
+    // A TERMINATE sent or received is the reason the stream ended, even when the peer's FIN (which follows a
+    // TERMINATE) is what this call reports.
+    std::string why = reason;
+    if (qp_ != nullptr && qp_->term_ && type == CmEventType::disconnected) {
+        why = qp_->term_->describe();
+        if (qp_->term_->received) spdlog::warn("softrdma: QP {}: {}", qp_->qp_num(), why);  // a peer's error
+    }
     if (qp_ != nullptr) qp_->stream_lost();
     close_pending_ = true;  // closed in the poll stage, after the RecvBuffer of this turn reopened the window
     ctx_.cm_work_ = true;   // (lwIP answers a close with unread data by RST)
-    if (!quiet) emit(type, reason);
+    if (!quiet) emit(type, why);
 }
 
 void CmId::emit(CmEventType type, const std::string& reason) {
@@ -339,6 +431,7 @@ void CmId::emit(CmEventType type, const std::string& reason) {
 }
 
 void CmId::service(mpa::Clock::time_point now) {
+    if (guarding_) guard_first_fpdu(now);
     if (draining_ && (phase_ != Phase::rdma || qp_ == nullptr || qp_->tx_idle() || now >= drain_deadline_)) {
         draining_ = false;
         finish(CmEventType::disconnected, "local disconnect");

@@ -27,6 +27,7 @@ const char* to_string(PostErrc e) noexcept {
     case PostErrc::bad_lkey: return "bad lkey or SGE outside its region";
     case PostErrc::bad_length: return "bad length";
     case PostErrc::invalid_opcode: return "invalid opcode";
+    case PostErrc::not_agreed: return "RFC 7306 operation (immediate data, atomic) on a connection that did not agree to it";
     }
     return "?";
 }

@@ -62,6 +62,7 @@ struct RxEvent {
     bool ok{true};                // request_done: completed (else flushed)
     rdmap::IrqEntry irq{};        // inbound
     TermCode code{};              // terminate
+    std::uint32_t raw{0};         // terminate: the control word as on the wire
     bool received{false};         // terminate: received from the peer (else: to send, bytes below)
     std::uint8_t term_len{0};
     std::array<std::byte, rdmap::kTerminateLen + 2 + rdmap::kMaxHeaderLen> term{};
@@ -161,9 +162,9 @@ struct QueuePair::RxSide final : rdmap::Upper, threading::FlowSink {
         emit(RxEvent{.kind = RxEvent::Kind::request_done, .slot = c.wr_id, .ok = ok});
     }
     void on_terminate(const rdmap::TermReport& t) override {
-        RxEvent e{.kind = RxEvent::Kind::terminate, .code = t.code, .received = t.received};
+        RxEvent e{.kind = RxEvent::Kind::terminate, .code = t.code, .raw = t.raw, .received = t.received};
         const std::size_t n = std::min(t.frame.size(), e.term.size());
-        std::memcpy(e.term.data(), t.frame.data(), n);
+        if (n != 0) std::memcpy(e.term.data(), t.frame.data(), n);  // a received TERMINATE has no frame to send
         e.term_len = static_cast<std::uint8_t>(n);
         emit(e);
     }
@@ -390,6 +391,7 @@ PostResult<SendWr> QueuePair::post_send_inner(std::span<const SendWr> wrs) noexc
         case rdmap::PostStatus::queue_full: return refuse(PostErrc::queue_full);  // not reached: slots <= sq_depth
         case rdmap::PostStatus::bad_wr: return refuse(PostErrc::invalid_opcode);
         case rdmap::PostStatus::not_operational: return refuse(PostErrc::invalid_state);
+        case rdmap::PostStatus::not_agreed: return refuse(PostErrc::not_agreed);
         }
         schedule_tx();
     }
@@ -530,7 +532,7 @@ void QueuePair::on_completion(const rdmap::Completion& c) {
 }
 
 void QueuePair::on_terminate(const rdmap::TermReport& t) {
-    if (!closing_) term_ = TerminateInfo{t.code, t.received};
+    if (!closing_) term_ = TerminateInfo{t.code, t.received, t.raw};
     enter_error();
 }
 
@@ -561,7 +563,9 @@ void QueuePair::stream_lost() noexcept {
     closing_ = true;
     tx_len_ = 0;
     if (ep_ && ep_->state() == rdmap::State::operational) {
-        ep_->on_llp_error(mpa::kTermConnectionLost);  // flushes SQ/ORQ through on_completion; nothing is sent
+        // Flushes SQ/ORQ through on_completion and sends nothing: the connection ended in order (a FIN either
+        // way) or was lost; a TERMINATE is for protocol errors, and siw answers one before a FIN with a reset.
+        ep_->stop(mpa::kTermConnectionLost);
     }
     state_ = QpState::err;
     detach_rx();
@@ -570,15 +574,46 @@ void QueuePair::stream_lost() noexcept {
 
 void QueuePair::schedule_tx() noexcept { ctx_.schedule_tx(this); }
 
+// The peer's first FPDU byte arrived: a responder may send from now (RFC 5044 section 7.1.2: its gate), and an
+// initiator's hold ends (the peer's receive path is live: it sent from it).
+void QueuePair::note_rx_start() noexcept {
+    rx_started_ = true;
+    tx_at_rx_start_ = tx_written_;
+    if (tx_gate_) {
+        tx_gate_ = false;
+        schedule_tx();
+    }
+}
+
+bool QueuePair::post_nudge() noexcept {
+    if (state_ != QpState::rts || !ep_) return false;
+    rdmap::WorkRequest w{};
+    w.wr_id = kRtrWrId;  // internal, like the RTR: no slot, no completion
+    w.signaled = false;
+    w.op = rdmap::WrOp::write;
+    w.remote_stag = kRtrStag;
+    if (ep_->post(w) != rdmap::PostStatus::ok) return false;
+    schedule_tx();
+    return true;
+}
+
+void QueuePair::release_first_fpdu() noexcept {
+    if (!tx_gate_) return;
+    tx_gate_ = false;
+    schedule_tx();
+}
+
 // ==== stream =================================================================================================
 
-void QueuePair::enter_rts(CmId& conn, const mpa::Agreed& agreed, std::uint32_t emss, bool initiator) {
+void QueuePair::enter_rts(CmId& conn, const mpa::Agreed& agreed, std::uint32_t emss, bool initiator, bool rfc7306,
+                          bool hold_first) {
     conn_ = &conn;
     fpdu_tx_.emplace(mpa::tx_config(agreed, emss));
     framer_.emplace(*fpdu_tx_);
     deframer_.emplace(mpa::rx_config(agreed));
     rdmap::Upper& upper = *this;
-    rdmap::Config ecfg{.sq_depth = cap_.max_send_wr + 1 /* + the RTR */, .ird = agreed.ird, .ord = agreed.ord};
+    rdmap::Config ecfg{.sq_depth = cap_.max_send_wr + 2 /* + the RTR and a first-FPDU nudge */, .ird = agreed.ird,
+                       .ord = agreed.ord, .rfc7306 = rfc7306};
     if (rxs_) {
         // RX thread: this endpoint sends; the receive half (its own endpoint and deframer) goes to the RX thread
         // at the handover. Between them: RxSide's rings and answered_.
@@ -591,7 +626,10 @@ void QueuePair::enter_rts(CmId& conn, const mpa::Agreed& agreed, std::uint32_t e
     if (ctx_.cfg_.layer_cycles) ep_->count_cycles(&ctx_.prof_.ep_rx, &ctx_.prof_.framer);
     tx_buf_.assign(std::max<std::uint32_t>(emss, 64), std::byte{0});
     tx_off_ = tx_len_ = 0;
-    tx_gate_ = !initiator && agreed.responder_waits_for_first_fpdu;
+    tx_gate_ = (!initiator && agreed.responder_waits_for_first_fpdu) || (initiator && hold_first);
+    tx_written_ = 0;
+    rx_started_ = false;
+    tx_at_rx_start_ = 0;
     closing_ = false;
     state_ = QpState::rts;
     if (rxs_ && conn.conn_) {
@@ -630,10 +668,7 @@ void QueuePair::rx_bytes(std::span<const std::byte> bytes) noexcept {
         drain_rx_events();
         return;
     }
-    if (tx_gate_) {
-        tx_gate_ = false;  // the initiator's first FPDU (or RTR) is arriving: the responder may send
-        schedule_tx();
-    }
+    if (!rx_started_) note_rx_start();
     const std::uint64_t placed = ep_->placed_bytes();
     const std::uint64_t t0 = ctx_.cfg_.layer_cycles ? rdmap::cycles_now() : 0;
     rdmap::receive(*deframer_, *ep_, bytes);
@@ -659,6 +694,7 @@ void QueuePair::tx_pump() noexcept {
             if (ctx_.cfg_.layer_cycles) ctx_.prof_.lwip_tx += rdmap::cycles_now() - t0;
             tx_off_ += n;
             tx_len_ -= n;
+            tx_written_ += n;
             wrote = wrote || n > 0;
             if (tx_len_ > 0) {
                 schedule_tx();  // lwIP full: try again next turn (on_sent may not come if its heap was the limit)
@@ -748,19 +784,14 @@ void QueuePair::drain_rx_events() noexcept {
         case RxEvent::Kind::terminate:
             // A TERMINATE the peer sent is the reason even when the connection is already closing (its FIN
             // may have been seen first); one we would send while closing is only the flush of a lost stream.
-            if (!term_ && (e.received || !closing_)) term_ = TerminateInfo{e.code, e.received};
+            if (!term_ && (e.received || !closing_)) term_ = TerminateInfo{e.code, e.received, e.raw};
             if (ep_) {
                 if (e.received) ep_->stop(e.code);
                 else ep_->send_terminate(e.code, std::span<const std::byte>(e.term).first(e.term_len));
             }
             if (state_ != QpState::err) enter_error();
             break;
-        case RxEvent::Kind::first_bytes:
-            if (tx_gate_) {
-                tx_gate_ = false;  // the initiator's first FPDU (or RTR) arrived: the responder may send
-                schedule_tx();
-            }
-            break;
+        case RxEvent::Kind::first_bytes: note_rx_start(); break;
         case RxEvent::Kind::srq_limit: ctx_.push_async(AsyncEvent{AsyncEventType::srq_limit_reached, srq_}); break;
         }
     }
@@ -787,12 +818,8 @@ void QueuePair::detach_rx() noexcept {
         flow_ = -1;
     }
     rxs_->on_rx_thread = false;
-    if (rxs_->ep && rxs_->ep->state() == rdmap::State::operational) {
-        const bool was_closing = closing_;
-        closing_ = true;  // a flush, not a protocol error: no TERMINATE info from this
-        rxs_->ep->on_llp_error(mpa::kTermConnectionLost);  // flushes outstanding requests as events
-        closing_ = was_closing;
-    }
+    // A flush, not a protocol error: outstanding requests come back as events, no TERMINATE is built.
+    if (rxs_->ep && rxs_->ep->state() == rdmap::State::operational) rxs_->ep->stop(mpa::kTermConnectionLost);
     drain_rx_events();
 }
 

@@ -138,6 +138,8 @@ enum class PostErrc : std::uint8_t {
                      // SGE is outside the region (IBV_WC_LOC_PROT_ERR, refused at post time)
     bad_length,      // inline payload above max_inline_data; atomic sink not 8 bytes; READ above 4 GiB
     invalid_opcode,  // an opcode this QP cannot do (atomic/READ without ORD)
+    not_agreed,      // immediate data or an atomic on a connection that did not agree to RFC 7306
+                     // (ConnParam::rfc7306 on both ends); nothing was sent
 };
 const char* to_string(PostErrc e) noexcept;
 
@@ -328,10 +330,14 @@ struct QpInitAttr {
     SharedReceiveQueue* srq{nullptr};  // receives from this SRQ (same PD); post_recv on the QP is then refused
 };
 
-// What ended the stream: a TERMINATE we sent (received == false) or received.
+// What ended the stream: a TERMINATE we sent (received == false) or received. `raw` is its 32-bit control word
+// as on the wire: `code` reads it by RFC 5040; a Linux siw peer (x86) lays the fields out swapped, so its
+// "LLP/MPA 0x01" reads here as layer 0 type 2 (describe() shows both readings).
 struct TerminateInfo {
     TermCode code{};
     bool received{false};
+    std::uint32_t raw{0};
+    std::string describe() const;
 };
 
 class QueuePair final : private rdmap::Upper {
@@ -371,7 +377,19 @@ private:
 
     // ---- stream (called by the CM) ----
     // RDMA mode reached: builds the FPDU engines and the endpoint from the agreement (control path: allocates).
-    void enter_rts(CmId& conn, const mpa::Agreed& agreed, std::uint32_t emss, bool initiator);
+    // `hold_first`: the initiator sends nothing until release_first_fpdu() (FirstFpduGuard::Mode::hold).
+    void enter_rts(CmId& conn, const mpa::Agreed& agreed, std::uint32_t emss, bool initiator, bool rfc7306,
+                   bool hold_first);
+    // The first-FPDU guard's tools (the CM decides when): a zero-length RDMA WRITE to STag 1 behind whatever
+    // is queued (no completion; false if the send queue is full or the stream is not in RTS), and the end
+    // of a hold.
+    bool post_nudge() noexcept;
+    void release_first_fpdu() noexcept;
+    // Stream bytes handed to TCP so far, and whether the peer's first FPDU byte has arrived (then: the count
+    // at that moment). The CM reads them to see whether the peer's receive path is live.
+    std::uint64_t tx_written() const noexcept { return tx_written_; }
+    bool peer_spoke() const noexcept { return rx_started_; }
+    std::uint64_t tx_written_when_peer_spoke() const noexcept { return tx_at_rx_start_; }
     // RX: bytes of the TCP stream in RDMA mode, in order, borrowed for the call. RX-side work only (deframe,
     // place, complete); TX it causes is scheduled, not done here.
     void rx_bytes(std::span<const std::byte> bytes) noexcept;
@@ -463,7 +481,12 @@ private:
     std::vector<std::byte> tx_buf_;
     std::size_t tx_off_{0};
     std::size_t tx_len_{0};
-    bool tx_gate_{false};       // responder: no FPDU before the initiator's first FPDU (RFC 5044 s7.1.2)
+    bool tx_gate_{false};       // responder: no FPDU before the initiator's first FPDU (RFC 5044 s7.1.2);
+                                // initiator: held by the CM (FirstFpduGuard::Mode::hold)
+    std::uint64_t tx_written_{0};
+    bool rx_started_{false};
+    std::uint64_t tx_at_rx_start_{0};
+    void note_rx_start() noexcept;
     bool in_tx_list_{false};    // in the Context's list of QPs with TX work
     bool closing_{false};       // teardown in progress: an endpoint error now is not a protocol error
 };
@@ -492,13 +515,47 @@ private:
 };
 
 // ---- connection manager ------------------------------------------------------------------------------------
-// rdma_conn_param: private data and IRD/ORD, plus the MPA choices.
+// The initiator's first FPDU against a responder that is not ready for it (see verbs/cm.cpp, "The accept
+// window"): Linux siw sends its MPA reply and only then attaches its RDMA receive path; bytes arriving in
+// between sit unread until another TCP segment arrives, and both ends wait forever.
+struct FirstFpduGuard {
+    enum class Mode : std::uint8_t {
+        nudge,  // send the first FPDU at once; if the stream then goes quiet, follow it with zero-length RDMA
+                // WRITEs (STag 1: placed nowhere, no completion, accepted by siw and by softrdma) `delay`, 10x
+                // and 100x ... later, `nudges` in all. Costs a softrdma or RNIC peer nothing but a few bytes.
+        hold,   // hold the first FPDU back `delay` (siw needed ~200 ms under emulation): every connection pays it
+        off,    // send at once, nothing after (a responder with no accept window, e.g. softrdma or an RNIC)
+    };
+    Mode mode{Mode::nudge};
+    std::chrono::milliseconds delay{2};
+    std::uint8_t nudges{4};  // nudge: 2, 20, 200, 2000 ms after the first FPDU by default
+};
+
+// rdma_conn_param: private data and IRD/ORD, plus the MPA and iWARP choices.
 struct ConnParam {
     std::span<const std::byte> private_data{};  // at most 252 bytes (MPA revision 2)
     std::uint16_t responder_resources{16};  // IRD: inbound READ/atomic requests we answer at once
     std::uint16_t initiator_depth{16};      // ORD: outbound READ/atomic requests outstanding
-    bool peer_to_peer{false};               // RFC 6581 peer-to-peer mode (an RTR is sent/expected first)
+    // RFC 6581 peer-to-peer mode. Initiator: ask for it, offering `rtr` (the responder picks one; we send that
+    // RTR before anything else). Listener defaults: the RTR types accepted (a P2P request is always answered).
+    bool peer_to_peer{false};
+    mpa::RtrSet rtr{.write = true, .read = true, .send = false};
     mpa::CrcPolicy crc{mpa::CrcPolicy::off};
+    // MPA markers (RFC 5044 section 5). `markers_rx`: ask for them on what we receive; `markers_tx`: agree to
+    // put them on what we send when the peer asks. Off by default, as Linux siw: a request or reply asking
+    // for markers is then refused (MPA reject / failure), not silently obeyed.
+    bool markers_rx{false};
+    bool markers_tx{false};
+    // MPA revision the initiator offers: 2 (RFC 6581, IRD/ORD and peer-to-peer; what siw and Chelsio send)
+    // or 1 (RFC 5044, for old peers). A responder answers revisions 0-2 with the request's revision.
+    std::uint8_t mpa_revision{2};
+    // RFC 7306 (immediate data, atomics) on this connection. RFC 7306 leaves the agreement to the application
+    // (nothing in MPA carries it): set it on both ends (connect and accept). Off, posting SEND/WRITE with
+    // immediate data or an atomic fails with PostErrc::not_agreed and nothing is sent, and a peer's RFC 7306
+    // message ends the stream with TERMINATE "unexpected opcode", as Linux siw and Chelsio answer them.
+    bool rfc7306{false};
+    // connect: the first FPDU against a responder's accept window (see FirstFpduGuard).
+    FirstFpduGuard first_fpdu{};
     // connect: how long to wait for the MPA reply (siw: 10 s); listen defaults: for the request (siw: 5 s).
     std::chrono::milliseconds mpa_timeout{0};  // 0 = those defaults
 };
@@ -548,6 +605,8 @@ public:
     const mpa::PrivateData& peer_private_data() const noexcept { return peer_pd_; }
     QueuePair* qp() noexcept { return qp_; }
     bool connected() const noexcept { return phase_ == Phase::rdma; }
+    // Initiator: zero-length WRITEs sent behind the first FPDU (FirstFpduGuard::Mode::nudge) so far.
+    unsigned nudges_sent() const noexcept { return nudges_sent_; }
 
 private:
     friend class Context;
@@ -570,6 +629,8 @@ private:
     void go_rdma(const mpa::Agreed& agreed);
     // QP reached err (TERMINATE sent/received): close once the TERMINATE is out.
     void qp_failed();
+    // The initiator's first-FPDU guard (FirstFpduGuard), from the poll stage.
+    void guard_first_fpdu(mpa::Clock::time_point now);
     // Ends the connection: QP to err (flush), TCP closed in the poll stage, event (unless quiet).
     void finish(CmEventType type, const std::string& reason, bool quiet = false);
     void emit(CmEventType type, const std::string& reason = {});
@@ -591,6 +652,16 @@ private:
     std::uint16_t ird_{0};
     std::uint16_t ord_{0};
     bool close_pending_{false};  // close TCP once the QP's TX (the TERMINATE) is out
+    bool rfc7306_{false};        // ConnParam::rfc7306 of our side (connect, or accept)
+    // First-FPDU guard (initiator in RDMA mode; see cm.cpp "The accept window").
+    FirstFpduGuard guard_{};
+    bool guarding_{false};
+    std::optional<mpa::Clock::time_point> first_tx_at_;  // when our first FPDU reached TCP
+    mpa::Clock::time_point last_tx_seen_{};              // last poll stage that saw our TX advance
+    std::uint64_t tx_seen_{0};
+    unsigned nudges_sent_{0};
+    unsigned nudge_step_{0};
+    mpa::Clock::time_point hold_until_{};
 };
 
 class CmListener {

@@ -131,7 +131,8 @@ public:
         const verbs::ConnParam cp{.private_data = {reinterpret_cast<const std::byte*>(&wp), sizeof wp},
                                   .responder_resources = static_cast<std::uint16_t>(p_.outs),
                                   .initiator_depth = static_cast<std::uint16_t>(p_.outs),
-                                  .crc = o_.crc ? mpa::CrcPolicy::required : mpa::CrcPolicy::off};
+                                  .crc = o_.crc ? mpa::CrcPolicy::required : mpa::CrcPolicy::off,
+                                  .rfc7306 = p_.test == Test::atomic};  // both ends agree (RFC 7306 is out of band)
         // The server may not listen yet (started at the same time, or later by hand): retry a refused
         // connect until the timeout.
         const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(o_.timeout_s);
@@ -206,7 +207,8 @@ public:
         if (!id_->accept(*qp_, {.private_data = {reinterpret_cast<const std::byte*>(&me), sizeof me},
                                 .responder_resources = static_cast<std::uint16_t>(p_.outs),
                                 .initiator_depth = static_cast<std::uint16_t>(p_.outs),
-                                .crc = o_.crc ? mpa::CrcPolicy::required : mpa::CrcPolicy::off}))
+                                .crc = o_.crc ? mpa::CrcPolicy::required : mpa::CrcPolicy::off,
+                                .rfc7306 = p_.test == Test::atomic}))
             fail("accept refused");
         auto est = ctx_->wait_cm_event(std::chrono::seconds(o_.timeout_s));
         if (!est || est->type != verbs::CmEventType::established)

@@ -1,9 +1,6 @@
 // SPDX-License-Identifier: MIT
-// verbs between two processes over memif, in the threading mode SOFTRDMA_TEST_THREADING names
-// ("rx_thread", else run to completion; meson runs the suite once per mode): each child opens its own Context (EAL,
-// port, lwIP), connects through the CM, runs its part, disconnects, and ends checking that lwIP's pools and
-// DPDK's mempool are back to their starting counts (tests/support/tcp_roles.cpp: finish_checks()).
-// Every wait is bounded; a child that hangs is killed by run_roles at its deadline.
+// verbs between two processes over memif (the fixture: tests/verbs/fixture.hpp): each child opens its own
+// Context (EAL, port, lwIP), connects through the CM, runs its part, disconnects, and ends checking its pools.
 #include <catch2/catch.hpp>
 
 #include <poll.h>
@@ -23,189 +20,17 @@
 #include "tests/support/processes.hpp"
 #include "tests/support/tcp_roles.hpp"
 #include "stack/tcp.hpp"
+#include "tests/verbs/fixture.hpp"
 #include "tests/wire/pcap.hpp"
 #include "verbs/verbs.hpp"
 
 using namespace softrdma;
 using namespace softrdma::test;
+using namespace softrdma::test::verbs_fixture;
 using namespace std::chrono_literals;
 using verbs::WcOpcode;
 using verbs::WcStatus;
 
-namespace {
-
-constexpr auto kWait = 10s;
-
-// The threading mode of this run (meson's suites 'verbs' and 'verbs_rx_thread').
-threading::ThreadingConfig test_threading() {
-    threading::ThreadingConfig t;
-    const char* m = std::getenv("SOFTRDMA_TEST_THREADING");
-    if (m != nullptr && std::string_view(m) == "rx_thread") t.mode = threading::Mode::rx_thread;
-    // Two processes with two threads each on a 2-core machine: an idle RX thread sleeps rather than spin,
-    // so the application threads get the cores.
-    t.rx_idle = {.spin_turns = 64, .then = threading::IdlePolicy::Then::sleep, .sleep = 50us};
-    return t;
-}
-
-// What each side tells the other in its MPA private data: one region.
-struct RemoteRegion {
-    std::uint64_t addr{0};
-    std::uint32_t rkey{0};
-    std::uint32_t length{0};
-};
-
-std::span<const std::byte> as_bytes(const RemoteRegion& r) { return {reinterpret_cast<const std::byte*>(&r), sizeof r}; }
-RemoteRegion region_from(const mpa::PrivateData& pd) {
-    RemoteRegion r;
-    if (pd.size != sizeof r) throw std::runtime_error("private data of " + std::to_string(pd.size) + " bytes");
-    std::memcpy(&r, pd.bytes.data(), sizeof r);
-    return r;
-}
-
-std::string term_str(const TermCode& c) {
-    return "layer=" + std::to_string(static_cast<int>(c.layer)) + " etype=" + std::to_string(c.etype) +
-           " ecode=" + std::to_string(c.ecode);
-}
-
-
-// One side: context, PD, CQ, QP, a buffer registered as one MR.
-struct Peer {
-    const PeerConfig& cfg;
-    std::unique_ptr<verbs::Context> ctx;
-    stack::PoolUsage baseline;
-    std::unique_ptr<verbs::ProtectionDomain> pd;
-    std::unique_ptr<verbs::CompletionQueue> cq;
-    std::unique_ptr<verbs::QueuePair> qp;
-    std::vector<std::byte> buf;
-    std::unique_ptr<verbs::MemoryRegion> mr;
-    std::unique_ptr<verbs::CmListener> listener;
-    std::unique_ptr<verbs::CmId> id;
-    bool disconnected = false;
-    RemoteRegion remote{};
-
-    Peer(const PeerConfig& c, std::size_t bytes, std::uint32_t access) : cfg(c) {
-        verbs::ContextConfig cc;
-        cc.port = cfg.port;
-        cc.eal = cfg.eal;
-        cc.stack = cfg.stack;
-        cc.max_mr = 64;
-        cc.max_qp = 8;
-        // A capture and the layer accounting need run-to-completion mode.
-        cc.layer_cycles = cfg.stack.count_cycles;
-        if (cfg.port.capture_path.empty() && !cc.layer_cycles) cc.threading = test_threading();
-        ctx = verbs::Context::open(cc);
-        baseline = ctx->stack().pool_usage();
-        pd = ctx->alloc_pd();
-        cq = ctx->create_cq(512);
-        qp = pd->create_qp({.send_cq = cq.get(), .recv_cq = cq.get(), .cap = {.max_send_wr = 128, .max_recv_wr = 128}});
-        buf.resize(bytes);
-        mr = pd->reg_mr(buf, access);
-    }
-
-    RemoteRegion local() const {
-        return {mr->addr(), mr->rkey(), static_cast<std::uint32_t>(mr->length())};
-    }
-
-    verbs::CmEvent wait_event(verbs::CmEventType want) {
-        auto ev = ctx->wait_cm_event(kWait);
-        if (!ev) throw std::runtime_error(std::string("no CM event (wanted ") + verbs::to_string(want) + ")");
-        if (ev->type == verbs::CmEventType::disconnected) disconnected = true;
-        if (ev->type != want)
-            throw std::runtime_error(std::string("CM event ") + verbs::to_string(ev->type) + " (" + ev->reason +
-                                     "), wanted " + verbs::to_string(want));
-        return std::move(*ev);
-    }
-
-    // Server: listen, take the request, accept with our region (or `advert`) in the private data.
-    void serve(std::optional<RemoteRegion> advert = std::nullopt) {
-        listener = ctx->listen(cfg.tcp_port);
-        auto ev = wait_event(verbs::CmEventType::connect_request);
-        remote = region_from(ev.private_data);
-        id = std::move(ev.request);
-        const RemoteRegion me = advert.value_or(local());
-        const std::uint16_t ird = 16;
-        if (!id->accept(*qp, {.private_data = as_bytes(me), .responder_resources = ird, .initiator_depth = 16}))
-            throw std::runtime_error("accept refused");
-        wait_event(verbs::CmEventType::established);
-    }
-    // Client: connect with our region, wait for established, read the server's region.
-    void connect(bool p2p = false, mpa::CrcPolicy crc = mpa::CrcPolicy::off) {
-        const RemoteRegion me = local();
-        id = ctx->connect(cfg.peer, cfg.tcp_port, *qp, {.private_data = as_bytes(me), .peer_to_peer = p2p, .crc = crc});
-        auto ev = wait_event(verbs::CmEventType::established);
-        remote = region_from(ev.private_data);
-    }
-
-    void post_recv(std::uint64_t wr_id, std::size_t offset, std::uint32_t len) {
-        const verbs::Sge sge = mr->sge(offset, len);
-        const verbs::RecvWr wr{.wr_id = wr_id, .sg_list = {&sge, 1}};
-        const auto r = qp->post_recv({&wr, 1});
-        if (!r.ok()) throw std::runtime_error(std::string("post_recv: ") + verbs::to_string(r.err));
-    }
-    void post_send(const verbs::SendWr& wr) {
-        const auto r = qp->post_send({&wr, 1});
-        if (!r.ok()) throw std::runtime_error(std::string("post_send: ") + verbs::to_string(r.err));
-    }
-
-    // Polls until n completions or the time limit; throws on a short count.
-    std::vector<verbs::WorkCompletion> wait_wc(std::size_t n) {
-        std::vector<verbs::WorkCompletion> out;
-        std::array<verbs::WorkCompletion, 16> batch;
-        ctx->run_until(
-            [&] {
-                const std::size_t k = cq->poll(std::span(batch).first(std::min(batch.size(), n - out.size())));
-                out.insert(out.end(), batch.begin(), batch.begin() + static_cast<std::ptrdiff_t>(k));
-                return out.size() >= n;
-            },
-            kWait);
-        if (out.size() < n)
-            throw std::runtime_error("completions: " + std::to_string(out.size()) + " of " + std::to_string(n) +
-                                     ", QP " + verbs::to_string(qp->state()));
-        return out;
-    }
-    static void expect(const verbs::WorkCompletion& wc, WcStatus st, WcOpcode op, std::uint64_t wr_id) {
-        if (wc.status != st || wc.opcode != op || wc.wr_id != wr_id)
-            throw std::runtime_error("completion wr_id " + std::to_string(wc.wr_id) + " status " +
-                                     verbs::to_string(wc.status) + " opcode " + std::to_string(static_cast<int>(wc.opcode)) +
-                                     ", wanted wr_id " + std::to_string(wr_id) + " " + verbs::to_string(st) +
-                                     " opcode " + std::to_string(static_cast<int>(op)));
-    }
-
-    // Orderly end, then the pool check. Waits (bounded) for the disconnected event.
-    int end(int rc) {
-        if (id && !disconnected) {
-            id->disconnect();
-            ctx->run_until([&] {
-                while (auto ev = ctx->get_cm_event())
-                    if (ev->type == verbs::CmEventType::disconnected) disconnected = true;
-                return disconnected;
-            }, kWait);
-        }
-        ctx->run_until([] { return false; }, 50ms);  // the peer's FIN and our last ACKs
-        if (cq->overruns() != 0) {
-            report("CQ overruns: " + std::to_string(cq->overruns()));
-            rc = rc == 0 ? 4 : rc;
-        }
-        id.reset();
-        listener.reset();
-        qp.reset();
-        mr.reset();
-        return finish_checks(ctx->stack(), ctx->port(), baseline, rc);
-    }
-};
-
-std::vector<ChildOutcome> run_pair(const std::function<int(const PeerConfig&)>& server,
-                                   const std::function<int(const PeerConfig&)>& client) {
-    auto [s, c] = memif_pair();
-    return run_roles({{"server", [&, s = s] { return server(s); }},
-                      {"client", [&, c = c] { return client(c); }, 200ms}},
-                     90s);
-}
-
-constexpr std::uint32_t kAll = verbs::access::local_write | verbs::access::remote_write |
-                               verbs::access::remote_read | verbs::access::remote_atomic;
-
-}  // namespace
 
 TEST_CASE("SEND/RECV ping-pong", "[verbs][memif]") {
     constexpr int kRounds = 200;
