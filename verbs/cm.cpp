@@ -13,6 +13,12 @@
 namespace softrdma::verbs {
 namespace {
 
+// "a.b.c.d:port" of the peer, for messages.
+std::string peer_of(const stack::TcpConnection& c) {
+    const stack::TcpConnection::FlowInfo fi = c.flow_info();
+    return stack::Ipv4{fi.remote_ip_be}.str() + ":" + std::to_string(fi.remote_port);
+}
+
 const char* fail_text(mpa::FailReason r) {
     switch (r) {
     case mpa::FailReason::timeout: return "MPA: no reply in time";
@@ -73,6 +79,10 @@ CmId::~CmId() {
         q->detach_conn();
         q->stream_lost();
     }
+    // An id that already ended in order (rejected, disconnected: its FIN is due in the poll stage) closes with
+    // that FIN; so does one waiting to send its TERMINATE after an RTR (rtr_before_terminate: a reset there
+    // is what crashes siw). Only a connection still in use is aborted (RST).
+    if (conn_ && (close_pending_ || deferred_term_) && conn_->open() && conn_->close()) return;
     if (conn_) conn_->abort();
 }
 
@@ -101,6 +111,7 @@ void Context::new_request(CmListener& l, std::unique_ptr<stack::TcpConnection> c
     id->listener_ = &l;
     id->conn_ = std::move(conn);
     id->conn_->set_handler(id->handler_.get());
+    id->peer_ = peer_of(*id->conn_);
     mpa::NegotiationConfig nc;
     nc.crc = l.defaults_.crc;
     nc.peer_to_peer = true;  // we answer peer-to-peer requests (RTR WRITE preferred, else READ), as siw
@@ -190,9 +201,12 @@ void CmId::abort() {
 
 // ---- TCP events ---------------------------------------------------------------------------------------------
 
+std::string CmId::peer() const { return peer_; }
+
 void CmId::on_tcp_connected() {
     if (phase_ != Phase::connecting) return;
     phase_ = Phase::negotiating;
+    if (conn_) peer_ = peer_of(*conn_);
     // With an RX thread: it follows the connection from here (before our MPA request, so before any byte the
     // responder sends), forwarding in-order bytes until the QP hands the stream over after the reply.
     if (qp_ != nullptr && conn_) qp_->watch_stream(*conn_);
@@ -278,8 +292,9 @@ void CmId::check_outcome() {
             if (f.send_terminate && qp_ != nullptr) {
                 // The reply arrived but cannot be used (IRD, RTR): TERMINATE with the MPA code, framed as agreed,
                 // through the QP's choke point; the connection closes once it is out.
-                emit(f.reason == mpa::FailReason::timeout ? CmEventType::unreachable : CmEventType::error,
-                     fail_text(f.reason));
+                const CmEventType type = f.reason == mpa::FailReason::timeout ? CmEventType::unreachable : CmEventType::error;
+                if (rtr_before_terminate(f.code, type)) return;
+                emit(type, fail_text(f.reason));
                 quiet_close_ = true;
                 go_rdma(ini_->agreed());
                 qp_->ep_->on_llp_error(f.code);
@@ -357,7 +372,7 @@ void CmId::go_rdma(const mpa::Agreed& agreed) {
 //   hold: the first FPDU waits `delay` (every connection pays it; for peers that must see no extra FPDU).
 //   off: neither (a responder without the window: softrdma, an RNIC).
 void CmId::guard_first_fpdu(mpa::Clock::time_point now) {
-    if (phase_ != Phase::rdma || qp_ == nullptr || qp_->state() != QpState::rts) {
+    if (phase_ != Phase::rdma || qp_ == nullptr || (qp_->state() != QpState::rts && !deferred_term_)) {
         guarding_ = false;
         return;
     }
@@ -397,7 +412,40 @@ void CmId::guard_first_fpdu(mpa::Clock::time_point now) {
     if (qp_->post_nudge()) ++nudges_sent_;
 }
 
-void CmId::qp_failed() { finish(CmEventType::disconnected, "QP error", quiet_close_); }
+void CmId::qp_failed() {
+    if (fail_event_) {  // the negotiation failed: the event comes now that the TERMINATE is out
+        const auto [type, reason] = *fail_event_;
+        fail_event_.reset();
+        finish(type, reason);
+        return;
+    }
+    finish(CmEventType::disconnected, "QP error", quiet_close_);
+}
+
+// A peer-to-peer responder that waits for its RTR (Linux siw) must get one before its stream ends: siw 6.1
+// reports a connection to iw_cm only once the RTR arrived, and a stream that ends before that (our TERMINATE
+// for a reply we cannot use, a FIN, a reset) reaches iw_cm's close handler in a state it does not expect, and
+// the kernel BUG()s (seen: "invalid opcode" in cm_work_handler). So when the reply asks for an RTR we can send
+// (WRITE or READ: siw never picks SEND), that RTR goes first, with the first-FPDU nudges behind it, and the
+// TERMINATE only kRtrSettle later: read apart from the RTR, it ends an established connection. The QP refuses
+// posts meanwhile, and the application hears of the failure when the TERMINATE is out. False when the reply
+// asks for no such RTR (the TERMINATE goes at once).
+bool CmId::rtr_before_terminate(TermCode code, CmEventType type) {
+    const mpa::Frame& rep = ini_->reply();
+    if (!rep.enhanced || !rep.ird_ord.peer_to_peer || (!rep.ird_ord.write_rtr && !rep.ird_ord.read_rtr)) return false;
+    mpa::Agreed a = ini_->agreed();
+    a.p2p = true;
+    a.rtr = rep.ird_ord.write_rtr ? mpa::RtrType::write : mpa::RtrType::read;
+    if (a.rtr == mpa::RtrType::read && a.ord == 0) a.ord = 1;
+    fail_event_.emplace(type, fail_text(ini_->failure().reason));
+    guard_.mode = FirstFpduGuard::Mode::nudge;  // the RTR goes at once, nudged like a first FPDU
+    go_rdma(a);
+    guarding_ = true;
+    qp_->state_ = QpState::rtr;  // no posts: the connection failed
+    deferred_term_ = code;
+    deferred_until_ = mpa::Clock::now() + kRtrSettle;
+    return true;
+}
 
 void CmId::finish(CmEventType type, const std::string& reason, bool quiet) {
     if (phase_ == Phase::closed) return;
@@ -432,6 +480,12 @@ void CmId::emit(CmEventType type, const std::string& reason) {
 
 void CmId::service(mpa::Clock::time_point now) {
     if (guarding_) guard_first_fpdu(now);
+    if (deferred_term_ && now >= deferred_until_) {  // rtr_before_terminate(): the RTR has had its time
+        const TermCode code = *deferred_term_;
+        deferred_term_.reset();
+        guarding_ = false;
+        if (phase_ == Phase::rdma && qp_ != nullptr && qp_->ep_) qp_->ep_->on_llp_error(code);
+    }
     if (draining_ && (phase_ != Phase::rdma || qp_ == nullptr || qp_->tx_idle() || now >= drain_deadline_)) {
         draining_ = false;
         finish(CmEventType::disconnected, "local disconnect");

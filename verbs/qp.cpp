@@ -586,7 +586,7 @@ void QueuePair::note_rx_start() noexcept {
 }
 
 bool QueuePair::post_nudge() noexcept {
-    if (state_ != QpState::rts || !ep_) return false;
+    if ((state_ != QpState::rts && state_ != QpState::rtr) || !ep_) return false;  // rtr: see rtr_before_terminate
     rdmap::WorkRequest w{};
     w.wr_id = kRtrWrId;  // internal, like the RTR: no slot, no completion
     w.signaled = false;

@@ -585,7 +585,7 @@ struct CmEvent {
 // One connection: MPA negotiation over a TCP connection, then the stream handed to the QP.
 class CmId {
 public:
-    ~CmId();  // aborts (RST) a connection still open
+    ~CmId();  // aborts (RST) a connection still in use; one that ended in order (rejected, disconnected) gets its FIN
     CmId(const CmId&) = delete;
     CmId& operator=(const CmId&) = delete;
 
@@ -607,6 +607,11 @@ public:
     bool connected() const noexcept { return phase_ == Phase::rdma; }
     // Initiator: zero-length WRITEs sent behind the first FPDU (FirstFpduGuard::Mode::nudge) so far.
     unsigned nudges_sent() const noexcept { return nudges_sent_; }
+    // The peer's address and TCP port ("10.0.0.2:51234"), known once TCP is connected; "" before.
+    std::string peer() const;
+    // Initiator, peer-to-peer: when the reply asks for an RTR we can send but cannot agree to (no matching RTR,
+    // insufficient IRD), that RTR goes first and the TERMINATE this long after it (see cm.cpp).
+    static constexpr auto kRtrSettle = std::chrono::milliseconds(300);
 
 private:
     friend class Context;
@@ -631,6 +636,8 @@ private:
     void qp_failed();
     // The initiator's first-FPDU guard (FirstFpduGuard), from the poll stage.
     void guard_first_fpdu(mpa::Clock::time_point now);
+    // Initiator: a reply we cannot use from a responder waiting for an RTR (see cm.cpp).
+    bool rtr_before_terminate(TermCode code, CmEventType type);
     // Ends the connection: QP to err (flush), TCP closed in the poll stage, event (unless quiet).
     void finish(CmEventType type, const std::string& reason, bool quiet = false);
     void emit(CmEventType type, const std::string& reason = {});
@@ -646,6 +653,7 @@ private:
     QueuePair* qp_{nullptr};
     CmListener* listener_{nullptr};
     mpa::PrivateData peer_pd_{};
+    std::string peer_;           // "a.b.c.d:port", set when TCP connects
     bool draining_{false};       // disconnect(): waiting for the QP's send queue to reach TCP
     mpa::Clock::time_point drain_deadline_{};
     bool quiet_close_{false};    // the event was already given (initiator failure with TERMINATE)
@@ -662,6 +670,9 @@ private:
     unsigned nudges_sent_{0};
     unsigned nudge_step_{0};
     mpa::Clock::time_point hold_until_{};
+    std::optional<TermCode> deferred_term_;          // rtr_before_terminate(): the TERMINATE, due at deferred_until_
+    mpa::Clock::time_point deferred_until_{};
+    std::optional<std::pair<CmEventType, std::string>> fail_event_;  // its event, given when it is out
 };
 
 class CmListener {
