@@ -142,19 +142,6 @@ inline softrdma::stack::Ipv4 peer_address(const NetOptions& o) {
 }
 
 // ---- bounded waits -------------------------------------------------------------------------------------
-// The next CM event, which must be `want`; anything else (or nothing within the time limit) throws.
-inline verbs::CmEvent expect_cm_event(verbs::Context& ctx, verbs::CmEventType want, std::chrono::seconds limit) {
-    auto ev = ctx.wait_cm_event(limit);
-    if (!ev)
-        throw std::runtime_error(std::string("no CM event within ") + std::to_string(limit.count()) + " s (waited for " +
-                                 verbs::to_string(want) + ")");
-    if (ev->type != want)
-        throw std::runtime_error(std::string("CM event ") + verbs::to_string(ev->type) +
-                                 (ev->reason.empty() ? "" : " (" + ev->reason + ")") + ", expected " +
-                                 verbs::to_string(want));
-    return std::move(*ev);
-}
-
 // One turn of the polling loop (Context::poll: RX, protocol, TX), with the examples' idle policy: with one
 // thread per process (run to completion) each process has a core and spins. With an RX thread, that thread
 // needs a core too and this machine may have fewer cores than busy threads, so after 64 turns that received
@@ -171,9 +158,10 @@ inline unsigned poll_turn(verbs::Context& ctx, unsigned& idle) noexcept {
 }
 
 // Polls until done() or the deadline. A template, not a std::function, so the data path builds nothing on
-// the heap. The clock is read every 64 turns.
+// the heap. The clock is read every 64 turns. done() may throw (a wrong completion, an unexpected event): the
+// exception reaches the caller.
 template <class Done>
-bool poll_until(verbs::Context& ctx, Done&& done, Clock::time_point deadline) noexcept {
+bool poll_until(verbs::Context& ctx, Done&& done, Clock::time_point deadline) {
     unsigned idle = 0;
     for (unsigned turn = 0;; ++turn) {
         if (done()) return true;
@@ -189,18 +177,136 @@ inline void finish_close(verbs::Context& ctx) {
     poll_until(ctx, [&] { return ctx.stack().active_pcbs() == 0; }, Clock::now() + 2s);
 }
 
+
+
+// ---- connections that survive what they do not expect -----------------------------------------------------
+// A peer is not always the program we expect: stock rping, ucmatose and perftest send no MPA private data, a
+// second client may knock while a session runs, a client may reset right after its request. Servers refuse
+// what they cannot serve with an MPA reject carrying the reason as private data (the initiator can print it;
+// a reset would tell it nothing), keep serving their session, and go back to waiting when a client vanished
+// before its session began. Clients close in order (a FIN) when the reply is not what they expect.
+
+// A peer's private data for a message: its text when it is printable (an MPA reject's reason), else a
+// description of its bytes.
+inline std::string private_data_text(const softrdma::mpa::PrivateData& pd) {
+    if (pd.size == 0) return "no private data";
+    std::string text;
+    for (std::size_t i = 0; i < pd.size; ++i) {
+        const auto c = static_cast<unsigned char>(pd.bytes[i]);
+        if (c == 0 && i + 1 == pd.size) break;  // a C string's NUL
+        if (c < 0x20 || c > 0x7e) return std::to_string(pd.size) + " bytes of binary private data";
+        text += static_cast<char>(c);
+    }
+    return "\"" + text + "\"";
+}
+
+// Rejects a connect request with `why` (prefixed by the program's name) as MPA private data, and says so.
+inline void refuse(verbs::CmEvent& req, const std::string& program, const std::string& why) {
+    const std::string text = program + ": " + why;
+    const auto n = std::min<std::size_t>(text.size(), 252);  // MPA revision 2 carries at most 252 bytes
+    std::fprintf(stderr, "%s: refused a connection from %s: %s\n", program.c_str(),
+                 req.request ? req.request->peer().c_str() : "?", why.c_str());
+    if (req.request) req.request->reject({reinterpret_cast<const std::byte*>(text.data()), n});
+}
+
+// The next CM event about `mine` (nullptr: any event), handling the others: a connect request is refused
+// ("busy": this program serves one connection at a time) and events of other connections are dropped.
+// Does not poll.
+inline std::optional<verbs::CmEvent> take_event(verbs::Context& ctx, const verbs::CmId* mine, const std::string& program) {
+    while (auto ev = ctx.get_cm_event()) {
+        if (ev->type == verbs::CmEventType::connect_request) {
+            refuse(*ev, program, "busy with another connection");
+            continue;
+        }
+        if (mine != nullptr && ev->id != mine) continue;  // a connection we already gave up on
+        return ev;
+    }
+    return std::nullopt;
+}
+
+// Polls until an event about `mine` arrives (others handled as take_event does), or the deadline.
+inline std::optional<verbs::CmEvent> wait_event(verbs::Context& ctx, const verbs::CmId* mine, const std::string& program,
+                                                Clock::time_point deadline) {
+    std::optional<verbs::CmEvent> got;
+    poll_until(ctx, [&] { return (got = take_event(ctx, mine, program)).has_value(); }, deadline);
+    return got;
+}
+
+// Server: waits until the deadline for a connect request that `check` accepts (it returns "" to accept, or
+// why not, e.g. "expected 16 bytes of private data, got 0 (stock rping/ucmatose/perftest send none)"). Requests
+// it refuses get an MPA reject with that reason; failures of requests already given up are ignored.
+inline verbs::CmEvent next_client(verbs::Context& ctx, const std::string& program, Clock::time_point deadline,
+                                  const std::function<std::string(const verbs::CmEvent&)>& check) {
+    for (;;) {
+        std::optional<verbs::CmEvent> ev;
+        poll_until(ctx, [&] {
+            while (auto e = ctx.get_cm_event())
+                if (e->type == verbs::CmEventType::connect_request) {
+                    ev = std::move(e);
+                    return true;
+                }
+            return false;
+        }, deadline);
+        if (!ev) throw std::runtime_error("no client connected in time");
+        const std::string why = check(*ev);
+        if (why.empty()) return std::move(*ev);
+        refuse(*ev, program, why);
+    }
+}
+
+// Server, after accept(): waits for `id` to be established. False (with a line saying why) when the client
+// went away first (a reset right after its request, a failed negotiation): the caller waits for another.
+inline bool established(verbs::Context& ctx, const verbs::CmId& id, const std::string& program, std::chrono::seconds limit) {
+    auto ev = wait_event(ctx, &id, program, Clock::now() + limit);
+    if (ev && ev->type == verbs::CmEventType::established) return true;
+    std::fprintf(stderr, "%s: the client at %s went away before its session began (%s%s%s); waiting for another\n",
+                 program.c_str(), id.peer().c_str(), ev ? verbs::to_string(ev->type) : "no event in time",
+                 ev && !ev->reason.empty() ? ": " : "", ev ? ev->reason.c_str() : "");
+    return false;
+}
+
+// Client: waits for the connection; anything else throws with what the server said (a reject's reason).
+inline verbs::CmEvent expect_established(verbs::Context& ctx, const verbs::CmId& id, const std::string& program,
+                                         std::chrono::seconds limit) {
+    auto ev = wait_event(ctx, &id, program, Clock::now() + limit);
+    if (!ev) throw std::runtime_error("no answer from the server within " + std::to_string(limit.count()) + " s");
+    switch (ev->type) {
+    case verbs::CmEventType::established: return std::move(*ev);
+    case verbs::CmEventType::rejected:
+        throw std::runtime_error("the server at " + id.peer() + " rejected the connection: " +
+                                 private_data_text(ev->private_data));
+    default:
+        throw std::runtime_error(std::string("connection failed: ") + verbs::to_string(ev->type) +
+                                 (ev->reason.empty() ? "" : " (" + ev->reason + ")"));
+    }
+}
+
 // Ends a connection in order: disconnect (our queued sends still go out), wait for the disconnected event,
 // then for TCP's close.
-inline void disconnect(verbs::Context& ctx, verbs::CmId& id, std::chrono::seconds limit) {
+inline void disconnect(verbs::Context& ctx, verbs::CmId& id, const std::string& program, std::chrono::seconds limit) {
     id.disconnect();
     const auto deadline = Clock::now() + limit;
     while (Clock::now() < deadline) {
-        auto ev = ctx.wait_cm_event(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
+        auto ev = wait_event(ctx, &id, program, deadline);
         if (ev && ev->type == verbs::CmEventType::disconnected) return finish_close(ctx);
     }
     throw std::runtime_error("no disconnected event after disconnect()");
 }
 
+// Ends a session in order after an error of our own (a FIN, not a reset), bounded; never throws.
+inline void close_quietly(verbs::Context& ctx, verbs::CmId* id, const std::string& program) noexcept {
+    try {
+        if (id == nullptr || !id->connected()) return;
+        id->disconnect();
+        const auto deadline = Clock::now() + 2s;
+        while (Clock::now() < deadline) {
+            auto ev = wait_event(ctx, id, program, deadline);
+            if (!ev || ev->type == verbs::CmEventType::disconnected) break;
+        }
+        poll_until(ctx, [&] { return ctx.stack().active_pcbs() == 0; }, Clock::now() + 1s);
+    } catch (...) {
+    }
+}
 
 // ---- big-endian fields of the private-data / message layouts -------------------------------------------
 inline std::uint64_t to_be(std::uint64_t v) { return htobe64(v); }
@@ -212,14 +318,20 @@ template <class T>
 std::span<const std::byte> bytes_of(const T& t) {
     return {reinterpret_cast<const std::byte*>(&t), sizeof t};
 }
+// A fixed-layout struct from a peer's private data; nullopt when the size is not the struct's.
 template <class T>
-T from_private_data(const softrdma::mpa::PrivateData& pd) {
+std::optional<T> from_private_data(const softrdma::mpa::PrivateData& pd) {
+    if (pd.size != sizeof(T)) return std::nullopt;
     T t{};
-    if (pd.size != sizeof t)
-        throw std::runtime_error("peer's private data is " + std::to_string(pd.size) + " bytes, expected " +
-                                 std::to_string(sizeof t) + " (another program on that port?)");
     std::memcpy(&t, pd.bytes.data(), sizeof t);
     return t;
+}
+
+// What a program says when a peer's private data is not its own: the sizes, and the likely cause.
+inline std::string unexpected_private_data(const softrdma::mpa::PrivateData& pd, std::size_t want, const char* what) {
+    return "expected " + std::to_string(want) + " bytes of private data (" + what + "), got " +
+           (pd.size == 0 ? std::string("none (stock rping, ucmatose and perftest send none: another program on this port?)")
+                         : private_data_text(pd));
 }
 
 // ---- latency statistics ------------------------------------------------------------------------------------

@@ -49,7 +49,11 @@ Options opt;
 constexpr std::uint32_t kSlots = 4;
 
 // ---- server: echo every message back until the client disconnects ----------------------------------------
+// A request that is not a pingpong client's is refused with an MPA reject saying why (stock ucmatose sends no
+// private data); a client that vanishes before its session begins sends us back to waiting; a second client
+// during the session is refused ("busy"). The server serves one session and exits.
 int server(const NetOptions& net) {
+    const std::string me = "pingpong server";
     const auto limit = std::chrono::seconds(net.timeout_s);
     auto ctx = verbs::Context::open(context_config(net));
     auto pd = ctx->alloc_pd();
@@ -60,79 +64,108 @@ int server(const NetOptions& net) {
         std::printf("pingpong server: listening on %s port %u\n", context_config(net).stack.address.str().c_str(), net.port);
         std::fflush(stdout);
     }
-    auto req = expect_cm_event(*ctx, verbs::CmEventType::connect_request, limit);
-    const auto hello = from_private_data<Hello>(req.private_data);
-    if (from_be(hello.magic) != kMagic) throw std::runtime_error("connection request is not from pingpong --client");
-    const std::uint32_t size = from_be(hello.size);
-    const std::uint64_t expected = from_be(hello.count);
-    if (size == 0 || size > (16u << 20)) throw std::runtime_error("message size " + std::to_string(size) + " out of range");
+    const auto deadline = Clock::now() + limit;
+    for (;;) {
+        auto req = next_client(*ctx, me, deadline, [](const verbs::CmEvent& ev) -> std::string {
+            const auto hello = from_private_data<Hello>(ev.private_data);
+            if (!hello) return unexpected_private_data(ev.private_data, sizeof(Hello), "pingpong --client's hello");
+            if (from_be(hello->magic) != kMagic) return "the private data is not a pingpong hello (wrong magic)";
+            const std::uint32_t size = from_be(hello->size);
+            if (size == 0 || size > (16u << 20)) return "message size " + std::to_string(size) + " out of range";
+            return {};
+        });
+        const Hello hello = *from_private_data<Hello>(req.private_data);
+        const std::uint32_t size = from_be(hello.size);
+        const std::uint64_t expected = from_be(hello.count);
 
-    // Now that we know the message size: one registered buffer cut into kSlots message slots. Receives need
-    // local_write (the library writes into them); the echo is sent from the slot the message arrived in.
-    std::vector<std::byte> buf(std::size_t{kSlots} * size);
-    auto mr = pd->reg_mr(buf, verbs::access::local_write);
-    auto qp = pd->create_qp({.send_cq = cq.get(), .recv_cq = cq.get(), .cap = {.max_send_wr = kSlots, .max_recv_wr = kSlots}});
+        // Now that we know the message size: one registered buffer cut into kSlots message slots. Receives need
+        // local_write (the library writes into them); the echo is sent from the slot the message arrived in.
+        std::vector<std::byte> buf(std::size_t{kSlots} * size);
+        auto mr = pd->reg_mr(buf, verbs::access::local_write);
+        auto qp = pd->create_qp({.send_cq = cq.get(), .recv_cq = cq.get(), .cap = {.max_send_wr = kSlots, .max_recv_wr = kSlots}});
 
-    // Post a receive for a slot. Ownership: from here until its completion the slot belongs to the QP.
-    auto post_recv = [&](std::uint32_t slot) {
-        const verbs::Sge sge = mr->sge(std::size_t{slot} * size, size);
-        const verbs::RecvWr wr{.wr_id = slot, .sg_list = {&sge, 1}};
-        if (const auto r = qp->post_recv({&wr, 1}); !r.ok())
-            throw std::runtime_error(std::string("post_recv: ") + verbs::to_string(r.err));
-    };
-    // Before accepting: once the connection is up the client may send at once.
-    for (std::uint32_t s = 0; s < kSlots; ++s) post_recv(s);
-    std::unique_ptr<verbs::CmId> id = std::move(req.request);  // the connection; we own it
-    if (!id->accept(*qp, {})) throw std::runtime_error("accept failed");
-    expect_cm_event(*ctx, verbs::CmEventType::established, limit);
-
-    // The loop: a receive completion -> SEND the same bytes back from that slot; the send completion ->
-    // the slot is ours again -> post it as a receive. Ends when the client disconnects.
-    std::uint64_t echoed = 0;
-    bool disconnected = false;
-    std::array<verbs::WorkCompletion, 8> wcs;
-    auto last_progress = Clock::now();
-    unsigned idle = 0;
-    while (!disconnected) {
-        poll_turn(*ctx, idle);
-        const std::size_t n = cq->poll(wcs);
-        for (std::size_t k = 0; k < n; ++k) {
-            const auto& wc = wcs[k];
-            // When the client disconnects, the QP goes to the error state and hands back the receives still
-            // posted as "flushed" completions: the end of the run, not a failure.
-            if (wc.status == verbs::WcStatus::wr_flush_err) continue;
-            if (wc.status != verbs::WcStatus::success)
-                throw std::runtime_error(std::string("completion failed: ") + verbs::to_string(wc.status));
-            const auto slot = static_cast<std::uint32_t>(wc.wr_id);
-            if (wc.opcode == verbs::WcOpcode::recv) {
-                // Ownership: the slot passes from the receive queue to the send queue, unchanged.
-                const verbs::Sge sge = mr->sge(std::size_t{slot} * size, wc.byte_len);
-                const verbs::SendWr wr{.wr_id = slot, .opcode = verbs::WrOpcode::send,
-                                       .send_flags = verbs::send_flags::signaled, .sg_list = {&sge, 1}};
-                if (const auto r = qp->post_send({&wr, 1}); !r.ok())
-                    throw std::runtime_error(std::string("post_send: ") + verbs::to_string(r.err));
-                ++echoed;
-            } else {
-                post_recv(slot);  // the echo is out: the slot goes back to the receive queue
+        // Post a receive for a slot. Ownership: from here until its completion the slot belongs to the QP.
+        auto post_recv = [&](std::uint32_t slot) {
+            const verbs::Sge sge = mr->sge(std::size_t{slot} * size, size);
+            const verbs::RecvWr wr{.wr_id = slot, .sg_list = {&sge, 1}};
+            if (const auto r = qp->post_recv({&wr, 1}); !r.ok())
+                throw std::runtime_error(std::string("post_recv: ") + verbs::to_string(r.err));
+        };
+        // Before accepting: once the connection is up the client may send at once.
+        for (std::uint32_t s = 0; s < kSlots; ++s) post_recv(s);
+        std::unique_ptr<verbs::CmId> id = std::move(req.request);  // the connection; we own it
+        if (!id->accept(*qp, {}) || !established(*ctx, *id, me, limit)) {
+            // The client went away (a reset right after its request): its QP and region go, we wait again.
+            id.reset();
+            qp.reset();
+            std::array<verbs::WorkCompletion, 8> flushed;
+            while (cq->poll(flushed) != 0) {
             }
-            last_progress = Clock::now();
+            continue;
         }
-        if (n == 0) {
-            if (auto ev = ctx->get_cm_event()) {
-                if (ev->type != verbs::CmEventType::disconnected)
-                    throw std::runtime_error(std::string("CM event ") + verbs::to_string(ev->type));
-                disconnected = true;  // the client is done
+
+        // The loop: a receive completion -> SEND the same bytes back from that slot; the send completion ->
+        // the slot is ours again -> post it as a receive. Ends when the client disconnects.
+        std::uint64_t echoed = 0;
+        bool disconnected = false;
+        std::array<verbs::WorkCompletion, 8> wcs;
+        auto last_progress = Clock::now();
+        unsigned idle = 0;
+        try {
+            while (!disconnected) {
+                poll_turn(*ctx, idle);
+                const std::size_t n = cq->poll(wcs);
+                for (std::size_t k = 0; k < n; ++k) {
+                    const auto& wc = wcs[k];
+                    // When the client disconnects, the QP goes to the error state and hands back the receives still
+                    // posted as "flushed" completions: the end of the run, not a failure.
+                    if (wc.status == verbs::WcStatus::wr_flush_err) continue;
+                    if (wc.status != verbs::WcStatus::success)
+                        throw std::runtime_error(std::string("completion failed: ") + verbs::to_string(wc.status));
+                    const auto slot = static_cast<std::uint32_t>(wc.wr_id);
+                    if (wc.opcode == verbs::WcOpcode::recv) {
+                        // Ownership: the slot passes from the receive queue to the send queue, unchanged.
+                        const verbs::Sge sge = mr->sge(std::size_t{slot} * size, wc.byte_len);
+                        const verbs::SendWr wr{.wr_id = slot, .opcode = verbs::WrOpcode::send,
+                                               .send_flags = verbs::send_flags::signaled, .sg_list = {&sge, 1}};
+                        if (const auto r = qp->post_send({&wr, 1}); !r.ok())
+                            throw std::runtime_error(std::string("post_send: ") + verbs::to_string(r.err));
+                        ++echoed;
+                    } else {
+                        post_recv(slot);  // the echo is out: the slot goes back to the receive queue
+                    }
+                    last_progress = Clock::now();
+                }
+                if (n == 0) {
+                    if (auto ev = take_event(*ctx, id.get(), me)) {
+                        if (ev->type != verbs::CmEventType::disconnected)
+                            throw std::runtime_error(std::string("CM event ") + verbs::to_string(ev->type));
+                        if (echoed != expected && !ev->reason.empty())
+                            std::fprintf(stderr, "pingpong server: the connection ended: %s\n", ev->reason.c_str());
+                        disconnected = true;  // the client is done
+                    }
+                }
+                if (n == 0 && Clock::now() - last_progress > limit)
+                    throw std::runtime_error("no message for " + std::to_string(net.timeout_s) + " s");
             }
+        } catch (...) {
+            close_quietly(*ctx, id.get(), me);  // a FIN, not a reset, for the client
+            throw;
         }
-        if (n == 0 && Clock::now() - last_progress > limit) throw std::runtime_error("no message for " + std::to_string(net.timeout_s) + " s");
+        finish_close(*ctx);
+        if (echoed == 0 && expected != 0) {
+            // Gone before its first message (e.g. a reset right after its request): not a session; wait again.
+            std::fprintf(stderr, "pingpong server: the client at %s left before its first message; waiting for another\n",
+                         id->peer().c_str());
+            continue;
+        }
+        if (echoed != expected) {
+            std::fprintf(stderr, "pingpong server: echoed %llu of %llu messages\n", static_cast<unsigned long long>(echoed),
+                         static_cast<unsigned long long>(expected));
+            return 1;
+        }
+        return 0;
     }
-    finish_close(*ctx);
-    if (echoed != expected) {
-        std::fprintf(stderr, "pingpong server: echoed %llu of %llu messages\n", static_cast<unsigned long long>(echoed),
-                     static_cast<unsigned long long>(expected));
-        return 1;
-    }
-    return 0;
 }
 
 // ---- client: send, wait for the echo, measure -------------------------------------------------------------
@@ -156,7 +189,12 @@ int client(const NetOptions& net) {
     const std::uint64_t total = opt.warmup + opt.iters;
     const Hello hello{to_be(kMagic), to_be(opt.size), to_be(total)};
     auto id = ctx->connect(peer_address(net), net.port, *qp, {.private_data = bytes_of(hello)});
-    expect_cm_event(*ctx, verbs::CmEventType::established, limit);
+    const auto est = expect_established(*ctx, *id, "pingpong client", limit);
+    if (est.private_data.size != 0) {  // a pingpong server accepts with none
+        close_quietly(*ctx, id.get(), "pingpong client");
+        throw std::runtime_error("the server at " + id->peer() + " is not a pingpong server: it accepted with " +
+                                 private_data_text(est.private_data) + ", a pingpong server sends none");
+    }
 
     Latency lat(opt.iters);  // samples preallocated: nothing is allocated inside the loop
     std::array<verbs::WorkCompletion, 4> wcs;
@@ -184,18 +222,26 @@ int client(const NetOptions& net) {
             return sent && echoed;
         }, t0 + limit);
         const auto t1 = Clock::now();
-        if (!in_time || !sent || !echoed)
-            throw std::runtime_error("round " + std::to_string(i) + ": no echo (QP " + verbs::to_string(qp->state()) + ")");
+        if (!in_time || !sent || !echoed) {
+            // Why: the stream's end (a TERMINATE from a server that is not pingpong's says what it refused).
+            std::string why = "QP " + std::string(verbs::to_string(qp->state()));
+            if (const auto& t = qp->terminate_info()) why += ", " + t->describe();
+            close_quietly(*ctx, id.get(), "pingpong client");
+            throw std::runtime_error("round " + std::to_string(i) + ": no echo (" + why + ")");
+        }
         std::uint64_t back = 0;
         std::memcpy(&back, buf.data(), std::min<std::size_t>(sizeof back, opt.size));
-        if (echo_len != opt.size || (opt.size >= sizeof back && back != i))
-            throw std::runtime_error("round " + std::to_string(i) + ": echo of " + std::to_string(echo_len) + " bytes, wrong content");
+        if (echo_len != opt.size || (opt.size >= sizeof back && back != i)) {
+            close_quietly(*ctx, id.get(), "pingpong client");
+            throw std::runtime_error("round " + std::to_string(i) + ": echo of " + std::to_string(echo_len) +
+                                     " bytes, wrong content (is the server at " + id->peer() + " pingpong's?)");
+        }
         if (i >= opt.warmup) lat.add((t1 - t0) / 2);  // half the round trip: one way
         // The receive slot is ours again: give it back for the next echo before sending the next ping.
         if (const auto r = qp->post_recv({&recv_wr, 1}); !r.ok())
             throw std::runtime_error(std::string("post_recv: ") + verbs::to_string(r.err));
     }
-    disconnect(*ctx, *id, limit);
+    disconnect(*ctx, *id, "pingpong client", limit);
     const bool rx_thread = net.threading == softrdma::threading::Mode::rx_thread;
     lat.print("pingpong: SEND/RECV " + std::to_string(opt.size) + " bytes, half round trip (" +
               std::to_string(opt.warmup) + " warmup rounds not counted" + (rx_thread ? ", RX thread" : "") + ")");

@@ -122,6 +122,8 @@ struct End {
     }
 };
 
+const std::string kServer = "rdma_lat server";
+
 int server(const NetOptions& net) {
     const auto limit = std::chrono::seconds(net.timeout_s);
     // The size comes with the request, so the region and QP are made between the request and the accept.
@@ -130,41 +132,59 @@ int server(const NetOptions& net) {
     if (!net.local_child)
         std::printf("rdma_lat server: listening on %s port %u\n", context_config(net).stack.address.str().c_str(), net.port);
     std::fflush(stdout);
-    auto req = expect_cm_event(*e.ctx, verbs::CmEventType::connect_request, limit);
-    const auto hello = from_private_data<Region>(req.private_data);
-    const std::uint32_t size = from_be(hello.size);
-    const std::uint64_t writes = from_be(hello.writes);
-    if (size == 0 || size > (16u << 20)) throw std::runtime_error("bad size in the request");
-    e.remote = {from_be(hello.addr), from_be(hello.rkey), size, 0};
-    e.setup(size);
-    e.id = std::move(req.request);
-    const Region mine = e.advert(size, 0);
-    // IRD: how many of the client's READs we answer at once.
-    if (!e.id->accept(*e.qp, {.private_data = bytes_of(mine), .responder_resources = 4, .initiator_depth = 4}))
-        throw std::runtime_error("accept failed");
-    expect_cm_event(*e.ctx, verbs::CmEventType::established, limit);
-
-    // WRITE ping-pong, server side: wait for the client's mark, answer with the same mark.
-    for (std::uint64_t i = 0; i < writes; ++i) {
-        const auto deadline = Clock::now() + limit;
-        e.wait_mark(mark(i), size, deadline, i);
-        e.wait_idle(deadline);
-        e.buf[2 * std::size_t{size} - 1] = std::byte{mark(i)};
-        e.post(verbs::WrOpcode::rdma_write, size);
-    }
-    // Then the client READs as it likes; we keep polling (that is what answers READs) until it disconnects,
-    // or until nothing has arrived for the time limit.
-    auto last = Clock::now();
-    unsigned idle = 0;
+    // A request that is not rdma_lat's is refused with an MPA reject saying why; a client gone before its
+    // session began sends us back to waiting.
+    const auto deadline = Clock::now() + limit;
+    std::uint32_t size = 0;
+    std::uint64_t writes = 0;
     for (;;) {
-        if (poll_turn(*e.ctx, idle) != 0) last = Clock::now();
-        e.reap();
-        if (auto ev = e.ctx->get_cm_event()) {
-            if (ev->type == verbs::CmEventType::disconnected) break;
-            throw std::runtime_error(std::string("CM event ") + verbs::to_string(ev->type));
+        auto req = next_client(*e.ctx, kServer, deadline, [](const verbs::CmEvent& ev) -> std::string {
+            const auto hello = from_private_data<Region>(ev.private_data);
+            if (!hello) return unexpected_private_data(ev.private_data, sizeof(Region), "rdma_lat --client's region");
+            const std::uint32_t sz = from_be(hello->size);
+            if (sz == 0 || sz > (16u << 20)) return "message size " + std::to_string(sz) + " out of range";
+            return {};
+        });
+        const Region hello = *from_private_data<Region>(req.private_data);
+        size = from_be(hello.size);
+        writes = from_be(hello.writes);
+        e.remote = {from_be(hello.addr), from_be(hello.rkey), size, 0};
+        e.id.reset();
+        e.qp.reset();
+        e.setup(size);
+        e.id = std::move(req.request);
+        const Region mine = e.advert(size, 0);
+        // IRD: how many of the client's READs we answer at once.
+        if (e.id->accept(*e.qp, {.private_data = bytes_of(mine), .responder_resources = 4, .initiator_depth = 4}) &&
+            established(*e.ctx, *e.id, kServer, limit))
+            break;
+    }
+    try {
+        // WRITE ping-pong, server side: wait for the client's mark, answer with the same mark.
+        for (std::uint64_t i = 0; i < writes; ++i) {
+            const auto deadline = Clock::now() + limit;
+            e.wait_mark(mark(i), size, deadline, i);
+            e.wait_idle(deadline);
+            e.buf[2 * std::size_t{size} - 1] = std::byte{mark(i)};
+            e.post(verbs::WrOpcode::rdma_write, size);
         }
-        if (idle > 0 && (idle & 1023) == 0 && Clock::now() - last > limit)
-            throw std::runtime_error("nothing from the client for " + std::to_string(net.timeout_s) + " s");
+        // Then the client READs as it likes; we keep polling (that is what answers READs) until it disconnects,
+        // or until nothing has arrived for the time limit.
+        auto last = Clock::now();
+        unsigned idle = 0;
+        for (;;) {
+            if (poll_turn(*e.ctx, idle) != 0) last = Clock::now();
+            e.reap();
+            if (auto ev = take_event(*e.ctx, e.id.get(), kServer)) {
+                if (ev->type == verbs::CmEventType::disconnected) break;
+                throw std::runtime_error(std::string("CM event ") + verbs::to_string(ev->type));
+            }
+            if (idle > 0 && (idle & 1023) == 0 && Clock::now() - last > limit)
+                throw std::runtime_error("nothing from the client for " + std::to_string(net.timeout_s) + " s");
+        }
+    } catch (...) {
+        close_quietly(*e.ctx, e.id.get(), kServer);  // a FIN, not a reset, for the client
+        throw;
     }
     finish_close(*e.ctx);
     return 0;
@@ -180,42 +200,51 @@ int client(const NetOptions& net) {
     // ORD: how many READs we may have outstanding.
     e.id = e.ctx->connect(peer_address(net), net.port, *e.qp,
                           {.private_data = bytes_of(mine), .responder_resources = 4, .initiator_depth = 4});
-    auto ev = expect_cm_event(*e.ctx, verbs::CmEventType::established, limit);
+    auto ev = expect_established(*e.ctx, *e.id, "rdma_lat client", limit);
     const auto theirs = from_private_data<Region>(ev.private_data);
-    e.remote = {from_be(theirs.addr), from_be(theirs.rkey), size, 0};
-
-    if (opt.write) {
-        Latency lat(opt.iters);
-        for (std::uint64_t i = 0; i < writes; ++i) {
-            const auto deadline = Clock::now() + limit;
-            e.wait_idle(deadline);  // our previous WRITE's source is ours again
-            e.buf[2 * std::size_t{size} - 1] = std::byte{mark(i)};
-            const auto t0 = Clock::now();
-            e.post(verbs::WrOpcode::rdma_write, size);
-            e.wait_mark(mark(i), size, deadline, i);  // the server's WRITE back has landed
-            const auto t1 = Clock::now();
-            if (i >= opt.warmup) lat.add((t1 - t0) / 2);
-        }
-        e.wait_idle(Clock::now() + limit);
-        lat.print("rdma_lat: RDMA WRITE " + std::to_string(size) + " bytes, half round trip (ping-pong polled on the last byte)");
+    if (!theirs) {  // not an rdma_lat server: nothing to WRITE to or READ from; close in order
+        close_quietly(*e.ctx, e.id.get(), "rdma_lat client");
+        throw std::runtime_error("the server at " + e.id->peer() + " is not an rdma_lat server: " +
+                                 unexpected_private_data(ev.private_data, sizeof(Region), "rdma_lat --server's region"));
     }
-    if (opt.read) {
-        Latency lat(opt.iters);
-        for (std::uint64_t i = 0; i < opt.warmup + opt.iters; ++i) {
-            const auto t0 = Clock::now();
-            e.post(verbs::WrOpcode::rdma_read, size);
-            // The READ's completion: the response has been placed in our sink.
-            if (!poll_until(*e.ctx, [&] { e.reap(); return e.outstanding == 0; }, t0 + limit))
-                throw std::runtime_error("READ " + std::to_string(i) + " did not complete");
-            const auto t1 = Clock::now();
-            if (i >= opt.warmup) lat.add(t1 - t0);
+    e.remote = {from_be(theirs->addr), from_be(theirs->rkey), size, 0};
+    try {
+        if (opt.write) {
+            Latency lat(opt.iters);
+            for (std::uint64_t i = 0; i < writes; ++i) {
+                const auto deadline = Clock::now() + limit;
+                e.wait_idle(deadline);  // our previous WRITE's source is ours again
+                e.buf[2 * std::size_t{size} - 1] = std::byte{mark(i)};
+                const auto t0 = Clock::now();
+                e.post(verbs::WrOpcode::rdma_write, size);
+                e.wait_mark(mark(i), size, deadline, i);  // the server's WRITE back has landed
+                const auto t1 = Clock::now();
+                if (i >= opt.warmup) lat.add((t1 - t0) / 2);
+            }
+            e.wait_idle(Clock::now() + limit);
+            lat.print("rdma_lat: RDMA WRITE " + std::to_string(size) + " bytes, half round trip (ping-pong polled on the last byte)");
         }
-        // The server's target holds the last mark of the WRITE phase (or zeros): check the READ brought it.
-        const auto expect = opt.write ? std::byte{mark(writes - 1)} : std::byte{0};
-        if (e.buf[2 * std::size_t{size} - 1] != expect) throw std::runtime_error("READ brought the wrong bytes");
-        lat.print("rdma_lat: RDMA READ " + std::to_string(size) + " bytes, full round trip");
+        if (opt.read) {
+            Latency lat(opt.iters);
+            for (std::uint64_t i = 0; i < opt.warmup + opt.iters; ++i) {
+                const auto t0 = Clock::now();
+                e.post(verbs::WrOpcode::rdma_read, size);
+                // The READ's completion: the response has been placed in our sink.
+                if (!poll_until(*e.ctx, [&] { e.reap(); return e.outstanding == 0; }, t0 + limit))
+                    throw std::runtime_error("READ " + std::to_string(i) + " did not complete");
+                const auto t1 = Clock::now();
+                if (i >= opt.warmup) lat.add(t1 - t0);
+            }
+            // The server's target holds the last mark of the WRITE phase (or zeros): check the READ brought it.
+            const auto expect = opt.write ? std::byte{mark(writes - 1)} : std::byte{0};
+            if (e.buf[2 * std::size_t{size} - 1] != expect) throw std::runtime_error("READ brought the wrong bytes");
+            lat.print("rdma_lat: RDMA READ " + std::to_string(size) + " bytes, full round trip");
+        }
+    } catch (...) {
+        close_quietly(*e.ctx, e.id.get(), "rdma_lat client");
+        throw;
     }
-    disconnect(*e.ctx, *e.id, limit);
+    disconnect(*e.ctx, *e.id, "rdma_lat client", limit);
     return 0;
 }
 

@@ -17,13 +17,19 @@
 // further each ping, NUL-terminated at size - 1.
 //
 //   rping                               both ends on this machine (two processes over DPDK memif)
-//   rping -s [-vV] [-S size] [-a addr] [-p port]
-//   rping -c [-vV] [-S size] [-C count] [-I addr] -a addr [-p port]
+//   rping -s [-vVP] [-S size] [-a addr] [-p port]
+//   rping -c [-vV] [-S size] [-C count] [-I addr] -a addr [-p port] [--connects N]
+//   iWARP modes: --crc (require MPA CRC), --p2p write|read|send[,..] (RFC 6581 peer-to-peer, offering those RTR
+//   types), --first-fpdu nudge|hold|off[:MS] (the initiator's guard against a responder's accept window)
 //
 // Differences from rping: --local and the softrdma network flags (memif by default, --af-packet IFACE);
 // -a on the server is the address of this end's own stack (there is no kernel interface to bind to);
 // the client always verifies the data (-V is accepted); the count defaults to 10 and must be at least 1
-// (every run ends); the server serves one connection and exits.
+// (every run ends); the server serves one connection and exits, or with -P (as rping's persistent server)
+// one connection after another until none comes for --timeout seconds. --connects N makes the client run
+// its session N times, each on a fresh connection (connect/disconnect cycles). A second client during a
+// session is refused with an MPA reject ("busy"), and a session that goes wrong (an unexpected message or
+// completion) ends with an orderly disconnect and an error line, not a crash.
 #include <cinttypes>
 
 #include "examples/common.hpp"
@@ -46,10 +52,13 @@ constexpr std::uint32_t kMaxSize = 64 * 1024 - 1;  // rping's RPING_BUFSIZE - 1
 struct Options {
     std::uint32_t size = 64;
     int count = 10;
+    int connects = 1;
     bool verbose = false;
     bool debug = false;
+    bool persistent = false;  // -P: the server serves connection after connection
     std::string a_addr;  // -a: client: the server; server: this end's own address
     std::string i_addr;  // -I: client: this end's own address
+    verbs::ConnParam conn{.responder_resources = 1, .initiator_depth = 1};  // --crc, --p2p, --first-fpdu
 };
 Options opt;
 
@@ -93,6 +102,16 @@ struct Cb {
             start_buf.resize(rdma_size);
             start_mr = pd->reg_mr(start_buf, remote);
         }
+        new_qp();
+    }
+    // A QP for the next connection (the previous one's, if any, goes first with its connection).
+    void new_qp() {
+        id.reset();
+        qp.reset();
+        while (cq->poll(wcs) != 0) {  // the old QP's flushed completions
+        }
+        sends_out = 0;
+        disconnected = seen_disconnect_event = false;
         // rping: max_send_wr 16, max_recv_wr 2, one SGE each.
         qp = pd->create_qp({.send_cq = cq.get(), .recv_cq = cq.get(),
                             .cap = {.max_send_wr = 16, .max_recv_wr = 2, .max_send_sge = 1, .max_recv_sge = 1}});
@@ -150,13 +169,17 @@ struct Cb {
                     got = true;
                     if (byte_len != nullptr) *byte_len = wc.byte_len;
                 } else {
-                    throw std::runtime_error("unexpected completion");
+                    // e.g. a SEND where rping's protocol has the peer wait: the peer is not following rping
+                    throw std::runtime_error(std::string("unexpected ") + (wc.opcode == verbs::WcOpcode::recv ? "message" : "completion") +
+                                             " (waiting for " + (want == verbs::WcOpcode::recv ? "a message" : "an RDMA completion") + ")");
                 }
             }
-            if (auto ev = ctx->get_cm_event()) {
+            // Events of this connection; a second client is refused (busy), others' events dropped.
+            if (auto ev = take_event(*ctx, id.get(), "rping")) {
                 if (ev->type != verbs::CmEventType::disconnected)
                     throw std::runtime_error(std::string("cma event ") + verbs::to_string(ev->type));
                 disconnected = seen_disconnect_event = true;
+                if (!ev->reason.empty()) DEBUG_LOG("disconnect: %s\n", ev->reason.c_str());
             }
             return (got && sends_out == 0) || disconnected;
         }, Clock::now() + limit);
@@ -181,20 +204,8 @@ struct Cb {
     }
 };
 
-int server(const NetOptions& base) {
-    NetOptions net = base;
-    if (!opt.a_addr.empty()) net.ip = opt.a_addr;
-    // The READ length is the client's size; the sink is rping's largest buffer so any valid -S fits.
-    Cb cb(net, kMaxSize + 1, false);
-    cb.post_recv();  // before accepting: the client's first SEND may follow the connection at once
-    cb.listener = cb.ctx->listen(net.port);
-    DEBUG_LOG("rdma_listen\n");
-    auto req = expect_cm_event(*cb.ctx, verbs::CmEventType::connect_request, cb.limit);
-    cb.id = std::move(req.request);
-    if (!cb.id->accept(*cb.qp, {.responder_resources = 1, .initiator_depth = 1})) throw std::runtime_error("rdma_accept failed");
-    expect_cm_event(*cb.ctx, verbs::CmEventType::established, cb.limit);
-    DEBUG_LOG("ESTABLISHED\n");
-
+// One session with a connected client: the pings until the client disconnects. Returns the pings served.
+int serve_session(Cb& cb) {
     int pings = 0;
     for (;;) {
         // Wait for the client's source advertisement (or its disconnect: the normal end).
@@ -226,23 +237,59 @@ int server(const NetOptions& base) {
         ++pings;
     }
     // The client's disconnect may be seen first as a flushed receive: wait for the CM event, then TCP's close.
-    if (!cb.seen_disconnect_event) expect_cm_event(*cb.ctx, verbs::CmEventType::disconnected, cb.limit);
+    if (!cb.seen_disconnect_event) {
+        auto ev = wait_event(*cb.ctx, cb.id.get(), "rping", Clock::now() + cb.limit);
+        if (!ev || ev->type != verbs::CmEventType::disconnected) throw std::runtime_error("no disconnect event");
+    }
     finish_close(*cb.ctx);
-    if (!net.local_child) std::printf("rping server: %d pings served, client disconnected\n", pings);
-    return 0;
+    return pings;
 }
 
-int client(const NetOptions& base) {
+int server(const NetOptions& base) {
     NetOptions net = base;
-    if (!opt.a_addr.empty()) net.peer_ip = opt.a_addr;
-    if (!opt.i_addr.empty()) net.ip = opt.i_addr;
-    const std::uint32_t size = opt.size;
-    Cb cb(net, size, true);
-    cb.post_recv();  // before connecting: the server's first "go ahead" needs it
-    cb.id = cb.ctx->connect(peer_address(net), net.port, *cb.qp, {.responder_resources = 1, .initiator_depth = 1});
-    expect_cm_event(*cb.ctx, verbs::CmEventType::established, cb.limit);
-    DEBUG_LOG("rdma_connect successful\n");
+    if (!opt.a_addr.empty()) net.ip = opt.a_addr;
+    // The READ length is the client's size; the sink is rping's largest buffer so any valid -S fits.
+    Cb cb(net, kMaxSize + 1, false);
+    verbs::ConnParam defaults = opt.conn;  // the modes we accept (CRC policy, RTR types)
+    cb.listener = cb.ctx->listen(net.port, defaults);
+    DEBUG_LOG("rdma_listen\n");
+    int sessions = 0, failed = 0;
+    for (;;) {
+        // rping takes any client (stock rping sends no private data). Without -P: one session, then exit;
+        // with -P: until no client comes for the time limit.
+        std::optional<verbs::CmEvent> req;
+        try {
+            req = next_client(*cb.ctx, "rping server", Clock::now() + cb.limit, [](const verbs::CmEvent&) { return std::string(); });
+        } catch (const std::runtime_error&) {
+            if (opt.persistent && sessions > 0) break;  // -P: the clients are done
+            throw;
+        }
+        cb.new_qp();
+        cb.post_recv();  // before accepting: the client's first SEND may follow the connection at once
+        cb.id = std::move(req->request);
+        verbs::ConnParam cp = opt.conn;
+        if (!cb.id->accept(*cb.qp, cp) || !established(*cb.ctx, *cb.id, "rping server", cb.limit)) continue;
+        DEBUG_LOG("ESTABLISHED\n");
+        ++sessions;
+        try {
+            const int pings = serve_session(cb);
+            if (!net.local_child) std::printf("rping server: %d pings served, client %s disconnected\n", pings, cb.id->peer().c_str());
+        } catch (const std::exception& e) {
+            std::fprintf(stderr, "rping server: session with %s failed: %s\n", cb.id->peer().c_str(), e.what());
+            close_quietly(*cb.ctx, cb.id.get(), "rping server");  // a FIN, not a reset
+            ++failed;
+            if (!opt.persistent) return 1;
+        }
+        std::fflush(stdout);
+        if (!opt.persistent) break;
+    }
+    if (opt.persistent && !net.local_child)
+        std::printf("rping server: %d sessions, %d failed; no client for %u s\n", sessions, failed, net.timeout_s);
+    return failed == 0 ? 0 : 1;
+}
 
+// One session as rping's client: `count` pings, data compared each time, then an orderly disconnect.
+void client_session(Cb& cb, std::uint32_t size) {
     char* start_buf = reinterpret_cast<char*>(cb.start_buf.data());
     const char* rdma_buf = reinterpret_cast<const char*>(cb.rdma_buf.data());
     unsigned char start = 65;
@@ -266,15 +313,75 @@ int client(const NetOptions& base) {
         cb.format_send(cb.rdma_buf, *cb.rdma_mr, size);
         cb.post_send_buf();
         if (!cb.wait_recv()) throw std::runtime_error("server disconnected (waiting for RDMA_WRITE_COMPLETE)");
-        if (std::memcmp(start_buf, rdma_buf, size) != 0) {
-            std::fprintf(stderr, "data mismatch!\n");
-            return 1;
-        }
+        if (std::memcmp(start_buf, rdma_buf, size) != 0) throw std::runtime_error("data mismatch!");
         if (opt.verbose) std::printf("ping data: %s\n", rdma_buf);
     }
-    disconnect(*cb.ctx, *cb.id, cb.limit);
-    std::printf("rping: %d pings of %u bytes: data verified (READ by the server, WRITTEN back, compared)\n", opt.count, size);
+    DEBUG_LOG("first-FPDU nudges sent: %u\n", cb.id->nudges_sent());
+    disconnect(*cb.ctx, *cb.id, "rping", cb.limit);
+}
+
+int client(const NetOptions& base) {
+    NetOptions net = base;
+    if (!opt.a_addr.empty()) net.peer_ip = opt.a_addr;
+    if (!opt.i_addr.empty()) net.ip = opt.i_addr;
+    const std::uint32_t size = opt.size;
+    Cb cb(net, size, true);
+    unsigned nudged = 0;
+    for (int k = 0; k < opt.connects; ++k) {
+        if (k > 0) cb.new_qp();
+        cb.post_recv();  // before connecting: the server's first "go ahead" needs it
+        cb.id = cb.ctx->connect(peer_address(net), net.port, *cb.qp, opt.conn);
+        expect_established(*cb.ctx, *cb.id, "rping", cb.limit);
+        DEBUG_LOG("rdma_connect successful\n");
+        try {
+            client_session(cb, size);
+        } catch (const std::exception& e) {
+            const std::string why = cb.qp->terminate_info() ? " (" + cb.qp->terminate_info()->describe() + ")" : "";
+            close_quietly(*cb.ctx, cb.id.get(), "rping");
+            throw std::runtime_error(std::string(e.what()) + why + (opt.connects > 1 ? " in connection " + std::to_string(k + 1) : ""));
+        }
+        if (cb.id->nudges_sent() != 0) ++nudged;
+    }
+    std::printf("rping: %d pings of %u bytes: data verified (READ by the server, WRITTEN back, compared)", opt.count, size);
+    if (opt.connects > 1) std::printf(" on each of %d connections (%u needed a first-FPDU nudge)", opt.connects, nudged);
+    std::printf("\n");
     return 0;
+}
+
+// --p2p write,read,send: the RTR types offered (client) or accepted (server).
+softrdma::mpa::RtrSet parse_rtr(const std::string& v) {
+    softrdma::mpa::RtrSet r{};
+    std::size_t pos = 0;
+    while (pos <= v.size()) {
+        const std::size_t comma = std::min(v.find(',', pos), v.size());
+        const std::string t = v.substr(pos, comma - pos);
+        if (t == "write") r.write = true;
+        else if (t == "read") r.read = true;
+        else if (t == "send") r.send = true;
+        else throw std::invalid_argument("--p2p takes write, read and/or send, comma-separated: " + v);
+        pos = comma + 1;
+    }
+    return r;
+}
+
+// --first-fpdu nudge|hold|off[:MS]
+verbs::FirstFpduGuard parse_guard(const std::string& v) {
+    verbs::FirstFpduGuard g;
+    const std::size_t colon = v.find(':');
+    const std::string mode = v.substr(0, colon);
+    if (mode == "nudge") g.mode = verbs::FirstFpduGuard::Mode::nudge;
+    else if (mode == "hold") {
+        g.mode = verbs::FirstFpduGuard::Mode::hold;
+        g.delay = std::chrono::milliseconds(200);
+    } else if (mode == "off") g.mode = verbs::FirstFpduGuard::Mode::off;
+    else throw std::invalid_argument("--first-fpdu nudge|hold|off[:MS]: " + v);
+    if (colon != std::string::npos) {
+        char* end = nullptr;
+        const unsigned long ms = std::strtoul(v.c_str() + colon + 1, &end, 10);
+        if (end == v.c_str() + colon + 1 || *end != '\0' || ms > 60000) throw std::invalid_argument("--first-fpdu: bad delay in " + v);
+        g.delay = std::chrono::milliseconds(ms);
+    }
+    return g;
 }
 
 }  // namespace
@@ -283,7 +390,7 @@ int main(int argc, char** argv) {
     NetOptions net;
     net.port = 7174;  // rping's default port
     const char* usage =
-        "[--local] | -s [-vVd] [-S size] [-a addr] [-p port] | -c [-vVd] [-S size] [-C count] [-I addr] -a addr [-p port]\n"
+        "[--local] | -s [-vVdP] [-S size] [-a addr] [-p port] | -c [-vVd] [-S size] [-C count] [-I addr] -a addr [-p port]\n"
         "  -s / -c                 server / client side (neither: --local, both here)\n"
         "  -a addr                 client: the server's address; server: this end's address\n"
         "  -I addr                 client: this end's address\n"
@@ -292,7 +399,14 @@ int main(int argc, char** argv) {
         "  -S size                 ping data size, 26..65535 (default 64)\n"
         "  -v                      display ping data\n"
         "  -V                      validate ping data (always done)\n"
-        "  -d                      debug printfs\n";
+        "  -d                      debug printfs\n"
+        "  -P                      server: persistent, one connection after another until none comes for --timeout s\n"
+        "  --connects N            client: run the session on N connections in turn (connect/disconnect cycles)\n"
+        "  --crc                   require MPA CRC (default: use it when the peer asks)\n"
+        "  --p2p TYPES             RFC 6581 peer-to-peer mode; client: RTR types offered, server: accepted\n"
+        "                          (write, read, send; comma-separated; a server answers peer-to-peer requests anyway)\n"
+        "  --first-fpdu MODE[:MS]  client: guard the first FPDU against a responder's accept window (Linux siw):\n"
+        "                          nudge (default, 2 ms), hold (200 ms) or off\n";
     return run_main(argc, argv, usage, net,
                     [&net](const Args& args, const std::string& a, int& i) {
                         if (a == "-s") net.role = Role::server;
@@ -300,6 +414,7 @@ int main(int argc, char** argv) {
                         else if (a == "-v") opt.verbose = true;
                         else if (a == "-V") {}
                         else if (a == "-d") opt.debug = true;
+                        else if (a == "-P") opt.persistent = true;
                         else if (a == "-a") opt.a_addr = args.value(i);
                         else if (a == "-I") opt.i_addr = args.value(i);
                         else if (a == "-p") net.port = static_cast<std::uint16_t>(args.number(i));
@@ -313,6 +428,17 @@ int main(int argc, char** argv) {
                                 throw std::invalid_argument("Invalid size " + std::to_string(n) + " (valid range is " +
                                                             std::to_string(kMinSize) + " to " + std::to_string(kMaxSize) + ")");
                             opt.size = static_cast<std::uint32_t>(n);
+                        } else if (a == "--connects") {
+                            const unsigned long n = args.number(i);
+                            if (n < 1 || n > 100000) throw std::invalid_argument("--connects 1..100000");
+                            opt.connects = static_cast<int>(n);
+                        } else if (a == "--crc") {
+                            opt.conn.crc = softrdma::mpa::CrcPolicy::required;
+                        } else if (a == "--p2p") {
+                            opt.conn.peer_to_peer = true;
+                            opt.conn.rtr = parse_rtr(args.value(i));
+                        } else if (a == "--first-fpdu") {
+                            opt.conn.first_fpdu = parse_guard(args.value(i));
                         } else return false;
                         return true;
                     },

@@ -141,10 +141,19 @@ public:
             auto ev = ctx_->wait_cm_event(std::chrono::seconds(o_.timeout_s));
             if (!ev) fail("no answer from " + pc_.peer.str() + " within the timeout");
             if (ev->type == verbs::CmEventType::established) {
-                if (ev->private_data.size != sizeof(WireRegion)) fail("server's private data is not rdma_perf's");
+                if (ev->private_data.size != sizeof(WireRegion)) {
+                    // Not an rdma_perf server (stock tools accept with none): close in order, then say so.
+                    const std::string who = id_->peer();
+                    end_quietly();
+                    fail("the server at " + who + " is not an rdma_perf server: it accepted with " +
+                         std::to_string(ev->private_data.size) + " bytes of private data, rdma_perf sends " +
+                         std::to_string(sizeof(WireRegion)));
+                }
                 std::memcpy(&remote_, ev->private_data.bytes.data(), sizeof remote_);
                 break;
             }
+            if (ev->type == verbs::CmEventType::rejected)
+                fail("the server at " + id_->peer() + " rejected the connection: " + text_of(ev->private_data));
             if (ev->type != verbs::CmEventType::unreachable || std::chrono::steady_clock::now() >= until)
                 fail(std::string("connect: ") + verbs::to_string(ev->type) + " " + ev->reason);
             id_.reset();
@@ -186,20 +195,25 @@ public:
         // mode the client starts at the same time and gives up connecting after --timeout, so the server
         // gives up after twice that.
         const unsigned wait_s = o_.mode == Mode::server ? o_.deadline_s : 2 * o_.timeout_s + 5;
+        // A request that is not an rdma_perf client's (stock tools send no private data) is refused with an MPA
+        // reject saying why, and the wait goes on.
         std::optional<verbs::CmEvent> ev;
         const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(wait_s);
-        while (!ev && std::chrono::steady_clock::now() < until) ev = ctx_->wait_cm_event(1s);
-        if (!ev) fail("no client within " + std::to_string(wait_s) + " s");
-        if (ev->type != verbs::CmEventType::connect_request)
-            fail(std::string("CM event ") + verbs::to_string(ev->type) + " " + ev->reason);
-        if (ev->private_data.size != sizeof(WireParams)) fail("a client that is not rdma_perf");
+        for (;;) {
+            ev.reset();
+            while (!ev && std::chrono::steady_clock::now() < until) {
+                ev = ctx_->wait_cm_event(1s);
+                if (ev && ev->type != verbs::CmEventType::connect_request) ev.reset();  // a refused one's end
+            }
+            if (!ev) fail("no client within " + std::to_string(wait_s) + " s");
+            const std::string why = check_client(ev->private_data);
+            if (why.empty()) break;
+            std::fprintf(stderr, "rdma_perf server: refused a connection from %s: %s\n", ev->request->peer().c_str(),
+                         why.c_str());
+            const std::string text = "rdma_perf server: " + why;
+            ev->request->reject({reinterpret_cast<const std::byte*>(text.data()), std::min<std::size_t>(text.size(), 252)});
+        }
         std::memcpy(&p_, ev->private_data.bytes.data(), sizeof p_);
-        if (p_.magic != kWireMagic || p_.version != kWireVersion) fail("a client of another rdma_perf version");
-        if (p_.max_size == 0 || p_.max_size > kMaxSize || p_.depth == 0 || p_.depth > 4096 || p_.rx_depth == 0 ||
-            p_.rx_depth > 8192 || p_.cq_mod == 0 || p_.cq_mod > p_.depth || p_.outs == 0 || p_.outs > 128 ||
-            p_.size == 0 || p_.size > p_.max_size || static_cast<unsigned>(p_.test) > 3 ||
-            static_cast<unsigned>(p_.kind) > 1)
-            fail("client's parameters out of range");
         remote_ = {p_.addr, p_.rkey, p_.length};
         build();
         id_ = std::move(ev->request);
@@ -662,6 +676,44 @@ private:
     }
 
     // ---- end ----
+    // Why a connect request's private data is not an rdma_perf client's ("" when it is).
+    static std::string check_client(const mpa::PrivateData& pd) {
+        if (pd.size != sizeof(WireParams))
+            return "expected " + std::to_string(sizeof(WireParams)) + " bytes of private data (rdma_perf's parameters), got " +
+                   (pd.size == 0 ? std::string("none (stock perftest, rping and ucmatose send none)") : std::to_string(pd.size));
+        WireParams p;
+        std::memcpy(&p, pd.bytes.data(), sizeof p);
+        if (p.magic != kWireMagic || p.version != kWireVersion) return "a client of another rdma_perf version";
+        if (p.max_size == 0 || p.max_size > kMaxSize || p.depth == 0 || p.depth > 4096 || p.rx_depth == 0 ||
+            p.rx_depth > 8192 || p.cq_mod == 0 || p.cq_mod > p.depth || p.outs == 0 || p.outs > 128 || p.size == 0 ||
+            p.size > p.max_size || static_cast<unsigned>(p.test) > 3 || static_cast<unsigned>(p.kind) > 1)
+            return "client's parameters out of range";
+        return {};
+    }
+    // A peer's private data as text when printable (a reject's reason).
+    static std::string text_of(const mpa::PrivateData& pd) {
+        std::string t;
+        for (std::size_t i = 0; i < pd.size; ++i) {
+            const auto c = static_cast<unsigned char>(pd.bytes[i]);
+            if (c == 0 && i + 1 == pd.size) break;
+            if (c < 0x20 || c > 0x7e) return std::to_string(pd.size) + " bytes of private data";
+            t += static_cast<char>(c);
+        }
+        return pd.size == 0 ? std::string("no reason given") : "\"" + t + "\"";
+    }
+    // An orderly close (FIN) of a connection we will not use; bounded.
+    void end_quietly() {
+        if (!id_) return;
+        id_->disconnect();
+        ctx_->run_until([&] {
+            while (auto ev = ctx_->get_cm_event())
+                if (ev->type == verbs::CmEventType::disconnected) return true;
+            return false;
+        }, 2s);
+        ctx_->drain(1s);
+        id_.reset();
+    }
+
     int end(int rc) {
         if (id_) {
             bool down = false;

@@ -134,6 +134,36 @@ afpacket)
   [ $src -eq 0 ] || fail "server exit code $src"
   check_percentiles "pingpong: SEND/RECV 1000 bytes, half round trip" 200
   ;;
+strangers)
+  # Peers pingpong does not expect (tests/examples/strangers.py, kernel TCP in a second namespace): a request
+  # without private data gets an MPA reject with the reason and a FIN; a client that resets right after its
+  # request leaves the server waiting for the next; a second client during a session is refused as busy; the
+  # session itself completes and the server exits 0.
+  if [ "$(id -u)" -ne 0 ] || ! command -v ip >/dev/null || ! command -v ethtool >/dev/null; then
+    echo "skipped: needs root, iproute2 and ethtool"; exit 77
+  fi
+  a=sr-sta$$; b=sr-stb$$
+  trap 'kill $server 2>/dev/null; ip netns del $a 2>/dev/null; ip netns del $b 2>/dev/null; rm -f /tmp/softrdma-st-$$.server' EXIT
+  server=
+  ip netns add $a && ip netns add $b && ip link add va$$ type veth peer name vb$$ &&
+    ip link set va$$ netns $a && ip link set vb$$ netns $b && ip -n $a link set va$$ up && ip -n $b link set vb$$ up &&
+    ip -n $b addr add 10.78.0.2/24 dev vb$$ || fail "cannot make the namespaces"
+  # The kernel end must put real checksums in its frames (veth offloads them otherwise; DPDK checks them).
+  ip netns exec $b ethtool -K vb$$ tx off >/dev/null || fail "ethtool"
+  ip netns exec $a timeout 60 "$exe" --server --af-packet va$$ --ip 10.78.0.1 --no-huge --lcores 0 --timeout 20 \
+    >/tmp/softrdma-st-$$.server 2>&1 &
+  server=$!
+  echo "\$ ip netns exec $b strangers.py 10.78.0.1 7471"
+  out=$(ip netns exec $b timeout 60 python3 "$(dirname "$0")/strangers.py" 10.78.0.1 7471 2>&1); rc=$?
+  echo "$out"
+  wait $server; src=$?
+  cat /tmp/softrdma-st-$$.server
+  [ $rc -eq 0 ] || fail "strangers.py exit code $rc"
+  [ $src -eq 0 ] || fail "server exit code $src"
+  grep -q "refused a connection from 10.78.0.2:[0-9]*: expected 16 bytes of private data" /tmp/softrdma-st-$$.server ||
+    fail "the server did not say whom it refused and why"
+  grep -q "busy" /tmp/softrdma-st-$$.server || fail "the server did not say it refused a second client"
+  ;;
 *) fail "unknown check $what" ;;
 esac
 echo "ok: $what"

@@ -11,6 +11,10 @@
 #include <stdexcept>
 #include <thread>
 
+#include "mpa/errors.hpp"
+#include "mpa/fpdu.hpp"
+#include "mpa/frames.hpp"
+#include "stack/tcp.hpp"
 #include "tests/verbs/fixture.hpp"
 #include "tests/wire/pcap.hpp"
 
@@ -377,6 +381,96 @@ TEST_CASE("markers: a request asking for them is rejected by a default responder
         p.id = p.ctx->connect(cfg.peer, cfg.tcp_port, *p.qp, {.markers_rx = true});
         auto ev = p.wait_event(verbs::CmEventType::rejected);
         report("rejected: " + ev.reason);
+        Peer::expect(p.wait_wc(1)[0], WcStatus::wr_flush_err, WcOpcode::recv, 9);
+        p.disconnected = true;
+        return p.end(0);
+    };
+    check_outcomes(run_pair(server, client));
+}
+
+// A peer-to-peer responder that answers with an RTR type we did not offer (Linux siw proposes WRITE when
+// offered only SEND): RFC 6581 has the initiator TERMINATE with "no matching RTR". siw 6.1 crashes in iw_cm when
+// its stream ends before any RTR arrived (verbs/cm.cpp, rtr_before_terminate), so the RTR it asked for goes
+// first and the TERMINATE only CmId::kRtrSettle later; the application hears "error" when the TERMINATE is out.
+// The responder here is raw TCP, playing siw's reply, recording what arrives and when.
+TEST_CASE("no matching RTR: the RTR the responder asked for goes first, the TERMINATE after it, then a FIN",
+          "[verbs][memif][interop]") {
+    auto server = [](const PeerConfig& cfg) {
+        Peer p(cfg, 64, verbs::access::local_write);
+        struct Raw : stack::TcpConnection::Handler, stack::TcpListener::Handler {
+            std::unique_ptr<stack::TcpConnection> conn;
+            std::vector<std::byte> in;  // everything after the request
+            std::size_t request_left = 0;
+            bool got_request = false, fin = false, reset = false;
+            std::chrono::steady_clock::time_point reply_at{};
+            std::vector<std::pair<unsigned, std::chrono::steady_clock::time_point>> fpdus;  // opcode, arrival
+            void on_accept(std::unique_ptr<stack::TcpConnection> c) override {
+                c->set_handler(this);
+                conn = std::move(c);
+            }
+            void on_receive(stack::TcpConnection& c, stack::RecvBuffer data) override {
+                std::vector<std::byte> b(data.size());
+                data.copy_to(b);
+                in.insert(in.end(), b.begin(), b.end());
+                if (!got_request && in.size() >= 20) {
+                    const std::size_t len = 20 + ((std::to_integer<std::size_t>(in[18]) << 8) | std::to_integer<std::size_t>(in[19]));
+                    if (in.size() < len) return;
+                    in.erase(in.begin(), in.begin() + static_cast<std::ptrdiff_t>(len));
+                    got_request = true;
+                    // siw's answer to a P2P request offering only SEND: P2P with a WRITE RTR.
+                    mpa::IrdOrd io{.ird = 1, .ord = 1, .peer_to_peer = true, .write_rtr = true};
+                    std::array<std::byte, 64> rep{};
+                    const std::size_t n = mpa::encode_frame(rep, {.kind = mpa::FrameKind::reply, .ird_ord = &io});
+                    c.write(std::span(rep).first(n));
+                    c.flush();
+                    reply_at = std::chrono::steady_clock::now();
+                }
+                while (got_request && in.size() >= 4) {  // FPDUs, CRC off: length, ULPDU, pad, 4 CRC bytes
+                    const std::size_t ulpdu = (std::to_integer<std::size_t>(in[0]) << 8) | std::to_integer<std::size_t>(in[1]);
+                    const std::size_t total = mpa::fpdu_size_unmarked(static_cast<std::uint16_t>(ulpdu));
+                    if (in.size() < total) break;
+                    fpdus.emplace_back(std::to_integer<unsigned>(in[3]) & 0xf, std::chrono::steady_clock::now());
+                    in.erase(in.begin(), in.begin() + static_cast<std::ptrdiff_t>(total));
+                }
+            }
+            void on_remote_close(stack::TcpConnection& c) override {
+                fin = true;
+                c.close();
+            }
+            void on_error(stack::TcpConnection&, stack::TcpError) override { reset = true; }
+        } raw;
+        {
+            stack::TcpListener l(p.ctx->stack(), cfg.tcp_port, raw);
+            p.ctx->run_until([&] { return raw.fin || raw.reset; }, kWait);
+            p.ctx->drain(1s);
+            raw.conn.reset();
+        }
+        std::string seen;
+        for (const auto& [op, at] : raw.fpdus)
+            seen += " opcode " + std::to_string(op) + " at " +
+                    std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(at - raw.reply_at).count()) + " ms";
+        report("after the reply:" + seen + (raw.fin ? ", FIN" : "") + (raw.reset ? ", RST" : ""));
+        int rc = 0;
+        if (raw.fpdus.size() < 2 || raw.fpdus.front().first != 0 || raw.fpdus.back().first != 7) rc = 1;  // RTR .. TERMINATE
+        for (std::size_t i = 1; i + 1 < raw.fpdus.size(); ++i)
+            if (raw.fpdus[i].first != 0) rc = 1;  // in between: only zero-length WRITEs (nudges)
+        if (rc == 0 && raw.fpdus.back().second - raw.fpdus.front().second < verbs::CmId::kRtrSettle - 20ms) rc = 1;
+        if (!raw.fin || raw.reset) rc = 1;
+        p.disconnected = true;
+        return p.end(rc);
+    };
+    auto client = [](const PeerConfig& cfg) {
+        Peer p(cfg, 64, verbs::access::local_write);
+        p.post_recv(9, 0, 64);
+        const auto t0 = std::chrono::steady_clock::now();
+        p.id = p.ctx->connect(cfg.peer, cfg.tcp_port, *p.qp, {.peer_to_peer = true, .rtr = {.send = true}});
+        auto ev = p.wait_event(verbs::CmEventType::error);
+        const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
+        report("error after " + std::to_string(ms.count()) + " ms: " + ev.reason);
+        if (ev.reason.find("no matching RTR") == std::string::npos) throw std::runtime_error("reason: " + ev.reason);
+        if (ms < verbs::CmId::kRtrSettle) throw std::runtime_error("the event came before the TERMINATE");
+        const auto& t = p.qp->terminate_info();
+        if (!t || t->received || !(t->code == mpa::kTermNoMatchingRtr)) throw std::runtime_error("no TERMINATE 0x07 sent");
         Peer::expect(p.wait_wc(1)[0], WcStatus::wr_flush_err, WcOpcode::recv, 9);
         p.disconnected = true;
         return p.end(0);
