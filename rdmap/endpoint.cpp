@@ -78,6 +78,7 @@ Endpoint::Endpoint(Upper& upper, Framer& framer, Config cfg)
 
 TermCode Endpoint::fail(TermCode code, std::span<const std::byte> hdr, std::size_t seg_len) {
     if (state_ == State::error) return error_.value_or(code);
+    if (held_recv_) deliver_held();  // that SEND arrived whole before the error
     state_ = State::error;
     error_ = code;
 
@@ -106,6 +107,12 @@ TermCode Endpoint::fail(TermCode code, std::span<const std::byte> hdr, std::size
     return code;
 }
 
+void Endpoint::deliver_held() {
+    const Completion c = *held_recv_;
+    held_recv_.reset();
+    upper_.on_completion(c);
+}
+
 TermCode Endpoint::fail_rx(TermCode code) {
     return fail(code, std::span<const std::byte>(rx_.hdr).first(rx_.hdr_len), rx_.hdr_len + rx_.payload_len);
 }
@@ -114,6 +121,7 @@ void Endpoint::on_llp_error(TermCode code) { fail(code, {}, 0); }
 
 void Endpoint::enter_error_received(TermCode code, const TerminateHeader& th, std::span<const std::byte> attached) {
     if (state_ == State::error) return;
+    if (held_recv_) deliver_held();
     state_ = State::error;
     error_ = code;
     upper_.on_terminate(TermReport{code, true, th.m, th.d, th.r, attached, th.word()});
@@ -161,6 +169,7 @@ void Endpoint::answer(const IrqEntry& e) {
 }
 void Endpoint::send_terminate(TermCode code, std::span<const std::byte> terminate) {
     if (state_ == State::error) return;
+    if (held_recv_) deliver_held();
     state_ = State::error;
     error_ = code;
     const std::size_t n = std::min(terminate.size(), term_tx_.size());
@@ -171,6 +180,7 @@ void Endpoint::send_terminate(TermCode code, std::span<const std::byte> terminat
 }
 void Endpoint::stop(TermCode code) {
     if (state_ == State::error) return;
+    if (held_recv_) deliver_held();
     state_ = State::error;
     error_ = code;
     flush();
@@ -332,9 +342,16 @@ std::size_t Endpoint::emit_sq(std::span<std::byte> out) {
                                          : (se ? Opcode::send_se : Opcode::send);
         const OpInfo& op = op_info(opc);
         const std::size_t total = sgl_length(wr);
-        const std::size_t maxp = max_payload(op.hdr_len);
+        // SEND with immediate data: its last segment and the Immediate Data message go into one batch (one TCP
+        // segment), so the receiver sees them together and completes them as one (end_of_input()). Segments
+        // are cut shorter by the Immediate Data FPDU (and a Marker's worth) so that both always fit one MULPDU.
+        const bool imm_joins = send && wr.with_imm;
+        const std::size_t imm_wire = imm_joins ? framer_.wire_size(kImmDataLen) + 4 : 0;
+        std::size_t maxp = max_payload(op.hdr_len);
+        maxp = maxp > imm_wire ? maxp - imm_wire : 0;
         if (maxp == 0 && total > 0) return 0;  // MULPDU below the header length: nothing can go out
         ddp::Segment seg = ddp::SegmentPlan(total, std::max<std::size_t>(maxp, 1)).from(tx_sent_);
+        if (imm_joins && seg.last && framer_.wire_size(op.hdr_len + seg.len) + imm_wire > out.size()) return 0;
         const std::size_t np = gather_sgl(wr, seg.offset, seg.len);
         if (send) {
             ddp::UntaggedHeader{ddp::ctrl_with_last(op.ctrl, seg.last), wr.with_inv ? wr.inv_stag : 0, kQnSend,
@@ -483,6 +500,8 @@ ProtoStatus Endpoint::rx_header(std::span<const std::byte> hdr, std::size_t payl
     const OpInfo& op = kOpTable[ctrl_opcode(ctrl)];
     if (!op.valid || (op.dirs & kDirRx) == 0 || op.tagged != ddp::ctrl_tagged(ctrl)) return fail(err::o_opcode, {}, 0);
     if (is_rfc7306(ctrl_opcode(ctrl)) && !cfg_.rfc7306) return fail(err::o_opcode, {}, 0);  // not agreed here
+    rx_merge_imm_ = false;
+    if (held_recv_ && op.hdr_len != kImmDataLen) deliver_held();  // only Immediate Data may join a held SEND
     if (hdr.size() != op.hdr_len) return fail(ddp::err::local_catastrophic, {}, 0);  // deframer broke the contract
 
     rx_.op = &op;
@@ -678,6 +697,15 @@ ProtoStatus RxHandlers::read_response_end(Endpoint& ep) {
 // TERMINATE (DDP untagged, "no buffer available").
 ProtoStatus RxHandlers::send_header(Endpoint& ep) {
     const ddp::UntaggedHeader& uh = ep.rx_.uh;
+    if (ep.held_recv_) {
+        // Immediate Data right behind a SEND: it completes that SEND's receive (no receive of its own).
+        if (uh.msn == ep.held_recv_->msn + 1 && ep.rx_.op->hdr_len == kImmDataLen) {
+            ep.rx_merge_imm_ = true;
+            ep.send_op_ = ep.rx_.opcode;
+            return std::nullopt;
+        }
+        ep.deliver_held();
+    }
     if (!ep.rxq_[kQnSend].in_message()) {
         if (const MemError m = ep.upper_.recv_begin(uh.msn); m != MemError::none)
             return ep.fail_rx(term_code_for(m, MemUse::receive));
@@ -693,7 +721,17 @@ ProtoStatus RxHandlers::send_end(Endpoint& ep) {
     Completion c{.kind = WcKind::recv, .msn = uh.msn, .byte_len = static_cast<std::uint32_t>(uh.mo + ep.rx_.payload_len),
                  .solicited = op.solicited};
     if (op.hdr_len == kImmDataLen) {
+        if (ep.rx_merge_imm_) {  // joins the held SEND: one completion with the SEND's bytes and the immediate
+            Completion& held = *ep.held_recv_;
+            held.has_imm = true;
+            held.imm = decode_imm(ep.rx_.hdr);
+            held.solicited = held.solicited || op.solicited;
+            ep.rx_merge_imm_ = false;
+            ep.deliver_held();
+            return std::nullopt;
+        }
         c.has_imm = true;
+        c.imm_only = true;
         c.imm = decode_imm(ep.rx_.hdr);
     }
     if (op.invalidate) {
@@ -701,6 +739,11 @@ ProtoStatus RxHandlers::send_end(Endpoint& ep) {
             return ep.fail_rx(term_code_for(m, MemUse::invalidate));
         c.has_inv = true;
         c.inv_stag = ep.rx_inv_stag_;
+    }
+    // With RFC 7306 a SEND may be followed by its Immediate Data: hold its completion until we know.
+    if (ep.cfg_.rfc7306 && op.hdr_len != kImmDataLen) {
+        ep.held_recv_ = c;
+        return std::nullopt;
     }
     ep.upper_.on_completion(c);
     return std::nullopt;

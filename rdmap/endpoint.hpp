@@ -119,6 +119,15 @@ public:
     // is the deframer's running CRC register, updated over every byte of `bytes`.
     ProtoStatus on_ulpdu_payload_crc(std::span<const std::byte> bytes, std::uint32_t& crc_state);
     ProtoStatus on_ulpdu_end();
+    // The end of one delivery of stream bytes (what arrived together: one TCP segment's payload, or one
+    // receive upcall's chain): delivers what the input held back. That is a SEND's receive completion waiting to
+    // see whether an RFC 7306 Immediate Data message follows it (the sender puts both in one segment): verbs
+    // applications expect SEND with immediate data as one receive completion carrying the immediate, so the two
+    // messages complete as one (see WorkCompletion in verbs.hpp). Call it after every delivery; cheap when
+    // nothing is held.
+    void end_of_input() {
+        if (held_recv_) deliver_held();
+    }
 
     // ---- errors from below: the deframer's error (CRC, bad length, ...) enters the choke point here ------
     void on_llp_error(TermCode code);
@@ -200,6 +209,7 @@ private:
     // flushes posted work, and returns `code` so callers can `return fail(...)`.
     TermCode fail(TermCode code, std::span<const std::byte> hdr, std::size_t seg_len);
     TermCode fail_rx(TermCode code);  // fail() with the segment being received attached
+    void deliver_held();              // held_recv_ to the upper layer
     void enter_error_received(TermCode code, const TerminateHeader& th, std::span<const std::byte> attached);
     void flush();
 
@@ -248,6 +258,10 @@ private:
     std::uint8_t send_op_{0};    // opcode of the QN 0 message in progress
     std::uint32_t rx_inv_stag_{0};
     RxSeg rx_{};
+    // RFC 7306 streams: a SEND's receive completion, held until the next ULPDU header or end_of_input(); an
+    // Immediate Data message right behind it (MSN + 1) joins it instead of taking a receive of its own.
+    std::optional<Completion> held_recv_{};
+    bool rx_merge_imm_{false};  // the segment being received is such an Immediate Data message
     std::uint64_t placed_bytes_{0};
     std::uint64_t* prof_rx_{nullptr};
     std::uint64_t* prof_framer_{nullptr};

@@ -108,7 +108,8 @@ struct Completion {
     std::uint32_t msn{0};         // recv: MSN of the message, the one recv_begin() bound a receive to
     std::uint32_t byte_len{0};    // recv: bytes placed; read: bytes read
     bool solicited{false};        // recv: SE variant
-    bool has_imm{false};          // recv: an Immediate Data message (RFC 7306), byte_len 0
+    bool has_imm{false};          // recv: carries RFC 7306 Immediate Data (a SEND joined by it, or imm_only)
+    bool imm_only{false};         // recv: an Immediate Data message alone (after an RDMA WRITE), byte_len 0
     bool has_inv{false};          // recv: SEND with Invalidate, inv_stag invalidated
     std::uint64_t imm{0};
     std::uint32_t inv_stag{0};

@@ -54,6 +54,7 @@ struct CmId::TcpHandler final : stack::TcpConnection::Handler {
     void on_connected(stack::TcpConnection&) override { id.on_tcp_connected(); }
     void on_receive(stack::TcpConnection&, stack::RecvBuffer data) override {
         data.for_each_segment([&](std::span<const std::byte> s) { id.on_tcp_receive(s); });
+        id.on_tcp_receive_end();
     }
     void on_sent(stack::TcpConnection&, std::size_t) override { id.on_tcp_sent(); }
     void on_remote_close(stack::TcpConnection&) override { id.on_tcp_remote_close(); }
@@ -232,6 +233,10 @@ void CmId::on_tcp_receive(std::span<const std::byte> bytes) {
     case Phase::request:  // the initiator may send nothing before our reply: dropped
     case Phase::closed: return;
     }
+}
+
+void CmId::on_tcp_receive_end() {
+    if (phase_ == Phase::rdma && qp_ != nullptr) qp_->rx_end();
 }
 
 void CmId::on_tcp_sent() {

@@ -125,6 +125,7 @@ struct QueuePair::RxSide final : rdmap::Upper, threading::FlowSink {
         }
         const std::uint64_t placed = ep->placed_bytes();
         rdmap::receive(*deframer, *ep, bytes);
+        ep->end_of_input();  // one frame's payload is one delivery
         qp.ctx_.placed_bytes_.fetch_add(ep->placed_bytes() - placed, std::memory_order_relaxed);
     }
 
@@ -492,7 +493,7 @@ rdmap::Mem QueuePair::RecvQueue::place(std::uint32_t msn, std::uint32_t mo, std:
 WorkCompletion QueuePair::RecvQueue::complete(const rdmap::Completion& c, std::uint32_t qp_num) noexcept {
     WorkCompletion wc{.wr_id = bound.wr_id,
                       .status = c.status == rdmap::WcStatus::success ? WcStatus::success : WcStatus::wr_flush_err,
-                      .opcode = c.has_imm ? WcOpcode::recv_rdma_with_imm : WcOpcode::recv,
+                      .opcode = c.imm_only ? WcOpcode::recv_rdma_with_imm : WcOpcode::recv,
                       .byte_len = c.byte_len,
                       .imm_data = c.imm,
                       .invalidated_rkey = c.inv_stag,
@@ -675,6 +676,10 @@ void QueuePair::rx_bytes(std::span<const std::byte> bytes) noexcept {
     if (ctx_.cfg_.layer_cycles) ctx_.prof_.proto_rx += rdmap::cycles_now() - t0;
     ctx_.placed_bytes_.fetch_add(ep_->placed_bytes() - placed, std::memory_order_relaxed);
     if (ep_->tx_ready()) schedule_tx();  // READ/atomic responses, TERMINATE
+}
+
+void QueuePair::rx_end() noexcept {
+    if (!rxs_ && ep_) ep_->end_of_input();  // with the RX thread, RxSide::rx_payload ends each delivery itself
 }
 
 // TX. Keeping FPDUs whole on the wire: each batch pulled from the endpoint is whole FPDUs totalling at most one

@@ -161,9 +161,18 @@ inline constexpr std::uint32_t with_inv = 1u << 1;
 inline constexpr std::uint32_t solicited = 1u << 2;
 }  // namespace wc_flags
 
-// ibv_wc. A SEND_WITH_IMM / WRITE_WITH_IMM reaches the peer as the message followed by an RFC 7306 Immediate
-// Data message; that message consumes its own receive and completes as recv_rdma_with_imm, byte_len 0, with
-// imm_data (so SEND_WITH_IMM completes two receives: the data, then the immediate).
+// ibv_wc. RFC 7306 on the wire, verbs at the receiver (both ends agreed: ConnParam::rfc7306):
+//   SEND_WITH_IMM  -> a SEND, then an Immediate Data message (SE on it when solicited), framed into one TCP
+//                     segment. The receiver completes them as ONE receive, as verbs applications expect:
+//                     opcode recv, byte_len = the SEND's bytes, wc_flags with_imm, imm_data. One receive WR
+//                     is consumed. (Fallback: were the two split across deliveries by something resegmenting
+//                     the stream, the Immediate Data completes a second receive as recv_rdma_with_imm.)
+//   WRITE_WITH_IMM -> an RDMA WRITE, then an Immediate Data message that consumes one receive WR and completes
+//                     as recv_rdma_with_imm, byte_len 0, with_imm, imm_data (the WRITE's bytes are in place
+//                     before it: DDP places in order). As IBV_WC_RECV_RDMA_WITH_IMM, except that byte_len is
+//                     0, not the WRITE's length (RFC 7306 does not carry it).
+//   atomics        -> Atomic Request / Response (RFC 7306 section 3), on the requester's send CQ only.
+// imm_data holds all 8 bytes of RFC 7306's Immediate Data (verbs' 32-bit imm_data is its low half).
 struct WorkCompletion {
     std::uint64_t wr_id{0};
     WcStatus status{WcStatus::success};
@@ -393,6 +402,8 @@ private:
     // RX: bytes of the TCP stream in RDMA mode, in order, borrowed for the call. RX-side work only (deframe,
     // place, complete); TX it causes is scheduled, not done here.
     void rx_bytes(std::span<const std::byte> bytes) noexcept;
+    // The end of one delivery (a TCP receive upcall's bytes, given to rx_bytes piece by piece).
+    void rx_end() noexcept;
     // TX: moves whole FPDUs from the endpoint to TCP while TCP takes them.
     void tx_pump() noexcept;
     // The TCP connection ended (peer FIN, reset, local close): flush everything; no TERMINATE is sent.
@@ -623,6 +634,7 @@ private:
 
     void on_tcp_connected();
     void on_tcp_receive(std::span<const std::byte> bytes);
+    void on_tcp_receive_end();
     void on_tcp_sent();
     void on_tcp_remote_close();
     void on_tcp_error(const char* what, bool unreachable);

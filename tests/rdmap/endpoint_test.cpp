@@ -278,33 +278,96 @@ TEST_CASE("WRITE with immediate data: WRITE then Immediate Data consuming a rece
     CHECK(a.upper.completions[0].kind == WcKind::write);
 }
 
-TEST_CASE("SEND with immediate data and solicited event", "[rdmap]") {
-    Side a, b;
-    b.upper.post_recv(16);
-    b.upper.post_recv(16);
+// Verbs applications expect SEND with immediate data as ONE receive completion carrying the data and the
+// immediate (IBV_WC_WITH_IMM). On the wire (RFC 7306) it is a SEND followed by an Immediate Data message; the
+// sender puts both into one batch (one TCP segment), the receiver holds the SEND's completion to the end of the
+// delivery and lets the Immediate Data join it: one completion, one receive consumed.
+TEST_CASE("SEND with immediate data and solicited event: one receive completion carrying the immediate", "[rdmap]") {
     const auto p = bytes_of(5, 7);
     WorkRequest s = send_wr(22, p);
     s.with_imm = true;
     s.imm = 42;
     s.solicited = true;
-    REQUIRE(a.ep.post(s) == PostStatus::ok);
-    const std::vector<Fpdu> f = split_fpdus(a.drain());
-    REQUIRE(f.size() == 2);
-    CHECK(ddp::load_be16(f[0].ulpdu, 0) == 0x4143);  // SE rides on the Immediate Data message
-    CHECK(ddp::load_be16(f[1].ulpdu, 0) == 0x4149);
-    CHECK(ddp::UntaggedHeader::decode(f[1].ulpdu)->msn == 2);
-    pump(a, b);  // nothing left; replay by rebuilding
-    Side a2, b2;
-    b2.upper.post_recv(16);
-    b2.upper.post_recv(16);
-    REQUIRE(a2.ep.post(s) == PostStatus::ok);
-    pump(a2, b2, 2);
-    REQUIRE(b2.upper.completions.size() == 2);
-    CHECK(b2.upper.completions[0].byte_len == 5);
-    CHECK_FALSE(b2.upper.completions[0].solicited);
-    CHECK(b2.upper.completions[1].has_imm);
-    CHECK(b2.upper.completions[1].imm == 42);
-    CHECK(b2.upper.completions[1].solicited);
+    SECTION("the wire: SEND, then Immediate Data with SE, in one batch") {
+        Side a;
+        REQUIRE(a.ep.post(s) == PostStatus::ok);
+        const std::vector<Fpdu> f = split_fpdus(a.drain());
+        REQUIRE(f.size() == 2);
+        CHECK(ddp::load_be16(f[0].ulpdu, 0) == 0x4143);  // SE rides on the Immediate Data message
+        CHECK(ddp::load_be16(f[1].ulpdu, 0) == 0x4149);
+        CHECK(ddp::UntaggedHeader::decode(f[1].ulpdu)->msn == 2);
+    }
+    SECTION("delivered together: one completion, one receive") {
+        Side a, b;
+        b.upper.post_recv(16);
+        b.upper.post_recv(16);
+        REQUIRE(a.ep.post(s) == PostStatus::ok);
+        pump(a, b);
+        REQUIRE(b.upper.completions.size() == 1);
+        const Completion& c = b.upper.completions[0];
+        CHECK(c.kind == WcKind::recv);
+        CHECK(c.byte_len == 5);
+        CHECK(c.has_imm);
+        CHECK(c.imm == 42);
+        CHECK(c.solicited);
+        CHECK(c.msn == 1);
+        CHECK(b.upper.posted.size() == 1);  // only the SEND took a receive; the other is still posted
+        REQUIRE(b.upper.bound.count(1) == 1);
+        CHECK(std::equal(p.begin(), p.end(), b.upper.bound[1].begin()));
+    }
+    SECTION("a multi-segment SEND: its last segment and the Immediate Data still share a batch") {
+        SideConfig c = small_mss();
+        Side a(c), b(c);
+        b.upper.post_recv(4096);
+        const auto big = bytes_of(1000, 3);
+        WorkRequest w = send_wr(23, big);
+        w.with_imm = true;
+        w.imm = 7;
+        REQUIRE(a.ep.post(w) == PostStatus::ok);
+        // Pull in EMSS-sized batches, as the QP does: the Immediate Data must be in the batch with the last segment.
+        std::vector<std::byte> batch(c.emss);
+        std::vector<std::vector<std::byte>> batches;
+        while (const std::size_t n = a.ep.pull_tx(batch)) batches.emplace_back(batch.begin(), batch.begin() + static_cast<std::ptrdiff_t>(n));
+        REQUIRE(batches.size() > 2);
+        const std::vector<Fpdu> last = split_fpdus(batches.back());
+        REQUIRE(last.size() == 2);
+        CHECK((ddp::load_be16(last[0].ulpdu, 0) & 0x400F) == 0x4003);  // the SEND's last segment
+        CHECK(ddp::load_be16(last[1].ulpdu, 0) == 0x4148);
+        for (const auto& bt : batches) b.feed(bt);  // one delivery per batch (TCP segment)
+        REQUIRE(b.upper.completions.size() == 1);
+        CHECK(b.upper.completions[0].byte_len == 1000);
+        CHECK(b.upper.completions[0].has_imm);
+        CHECK(b.upper.completions[0].imm == 7);
+    }
+    SECTION("cut apart by the network: two completions, the immediate on a receive of its own (fallback)") {
+        Side a, b;
+        b.upper.post_recv(16);
+        b.upper.post_recv(16);
+        REQUIRE(a.ep.post(s) == PostStatus::ok);
+        const std::vector<std::byte> wire = a.drain();
+        const std::vector<Fpdu> f = split_fpdus(wire);
+        REQUIRE(f.size() == 2);
+        b.feed(std::span(wire).first(f[0].wire));
+        b.feed(std::span(wire).subspan(f[0].wire));
+        REQUIRE(b.upper.completions.size() == 2);
+        CHECK(b.upper.completions[0].byte_len == 5);
+        CHECK_FALSE(b.upper.completions[0].has_imm);
+        CHECK(b.upper.completions[1].has_imm);
+        CHECK(b.upper.completions[1].imm == 42);
+        CHECK(b.upper.completions[1].solicited);
+    }
+    SECTION("a plain SEND behind a SEND is not held past the next header") {
+        Side a, b;
+        b.upper.post_recv(16);
+        b.upper.post_recv(16);
+        REQUIRE(a.ep.post(send_wr(1, p)) == PostStatus::ok);
+        REQUIRE(a.ep.post(send_wr(2, p)) == PostStatus::ok);
+        const std::vector<std::byte> wire = a.drain();
+        CHECK_FALSE(rdmap::receive(b.rx, b.ep, wire).has_value());  // no end_of_input yet
+        CHECK(b.upper.completions.size() == 1);  // the first was delivered when the second's header came
+        b.ep.end_of_input();
+        CHECK(b.upper.completions.size() == 2);
+    }
 }
 
 TEST_CASE("atomics: fetch-add and compare-swap on an aligned target", "[rdmap]") {

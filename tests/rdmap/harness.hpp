@@ -128,12 +128,14 @@ struct Side {
     rdmap::Endpoint ep;
     mpa::Deframer<rdmap::Endpoint> rx;
 
-    // Feeds bytes to this side's RX in pieces of `chunk` (TCP cuts the stream anywhere).
+    // Feeds bytes to this side's RX in pieces of `chunk` (TCP cuts the stream anywhere), each piece one
+    // delivery (end_of_input() after it, as after one TCP segment).
     ProtoStatus feed(std::span<const std::byte> in, std::size_t chunk = 0) {
         if (chunk == 0) chunk = in.size() ? in.size() : 1;
         ProtoStatus st;
         for (std::size_t off = 0; off < in.size(); off += chunk) {
             st = rdmap::receive(rx, ep, in.subspan(off, std::min(chunk, in.size() - off)));
+            ep.end_of_input();
             if (st) return st;
         }
         return st;
