@@ -41,7 +41,13 @@ Attach attach_rule(TermCode c, std::span<const std::byte> hdr) {
         return {true, true, false, ddp_len};
     case TermLayer::rdmap:
         if (c.etype == err::kEtypeCatastrophic || c == err::o_version || c == err::o_opcode) return {};
-        if (c.etype == err::kEtypeProtection) return {true, true, true, hdr.size()};
+        if (c.etype == err::kEtypeProtection) {
+            // The whole offending header; R only when it is an RDMA Read Request's (RFC 5040 section 4.8: "RDMA
+            // Read Request Header Included"): a WRITE's or an atomic's header is attached with R clear.
+            const bool read_request = !tagged && ctrl_opcode(ddp::load_be16(hdr, 0)) ==
+                                                     static_cast<std::uint8_t>(Opcode::read_request);
+            return {true, true, read_request, hdr.size()};
+        }
         return {true, true, false, ddp_len};
     }
     return {};
@@ -76,10 +82,13 @@ Endpoint::Endpoint(Upper& upper, Framer& framer, Config cfg)
 
 // ==== choke point ============================================================================================
 
-TermCode Endpoint::fail(TermCode code, std::span<const std::byte> hdr, std::size_t seg_len) {
-    if (state_ == State::error) return error_.value_or(code);
+
+TermCode Endpoint::fail(TermCode cause, std::span<const std::byte> hdr, std::size_t seg_len) {
+    if (state_ == State::error) return error_.value_or(cause);
     if (held_recv_) deliver_held();  // that SEND arrived whole before the error
     state_ = State::error;
+    const bool tagged_msg = hdr.size() >= 2 && ddp::ctrl_tagged(ddp::load_be16(hdr, 0));
+    const TermCode code = cfg_.opaque_access_errors ? opaque_access_error(cause, tagged_msg) : cause;
     error_ = code;
 
     // TERMINATE: untagged, QN 2, MSN 1 (the only message on that queue), MO 0 (RFC 5040 section 4.8).
@@ -102,7 +111,7 @@ TermCode Endpoint::fail(TermCode code, std::span<const std::byte> hdr, std::size
 
     upper_.on_terminate(TermReport{code, false, a.m, a.d, a.r,
                                    std::span<const std::byte>(term_tx_).subspan(kTerminateLen, len - kTerminateLen),
-                                   th.word(), std::span<const std::byte>(term_tx_).first(len)});
+                                   th.word(), std::span<const std::byte>(term_tx_).first(len), cause});
     flush();
     return code;
 }
@@ -124,7 +133,7 @@ void Endpoint::enter_error_received(TermCode code, const TerminateHeader& th, st
     if (held_recv_) deliver_held();
     state_ = State::error;
     error_ = code;
-    upper_.on_terminate(TermReport{code, true, th.m, th.d, th.r, attached, th.word()});
+    upper_.on_terminate(TermReport{code, true, th.m, th.d, th.r, attached, th.word(), {}, code});
     flush();
 }
 

@@ -85,6 +85,11 @@ struct Config {
     // and an inbound one is a TERMINATE (RDMAP, unexpected opcode), which is what peers without RFC 7306
     // (Linux siw, Chelsio) do with them.
     bool rfc7306{false};
+    // Security (RFC 5042 section 5): report every failed access to our memory as "invalid STag" (and every
+    // failed invalidation alike) instead of the precise RFC 5040/5041 code, which would tell a prober whether
+    // an STag exists and where its region ends. The precise cause still reaches the upper layer
+    // (TermReport::cause). Off here (the protocol tests check exact codes); verbs turns it on by default.
+    bool opaque_access_errors{false};
 };
 
 enum class State : std::uint8_t { operational, error };
@@ -207,7 +212,7 @@ private:
     // The choke point. Records `code`, builds the TERMINATE (attaching the DDP Segment Length and the
     // offending header `hdr` as RFC 5040 section 4.8 and attach rules in endpoint.cpp say), reports it,
     // flushes posted work, and returns `code` so callers can `return fail(...)`.
-    TermCode fail(TermCode code, std::span<const std::byte> hdr, std::size_t seg_len);
+    TermCode fail(TermCode cause, std::span<const std::byte> hdr, std::size_t seg_len);
     TermCode fail_rx(TermCode code);  // fail() with the segment being received attached
     void deliver_held();              // held_recv_ to the upper layer
     void enter_error_received(TermCode code, const TerminateHeader& th, std::span<const std::byte> attached);

@@ -90,6 +90,19 @@ constexpr TermCode term_code_for(MemError e, MemUse use) {
     return kMemErrorTable[static_cast<std::size_t>(use)][static_cast<std::size_t>(e)];
 }
 
+// What a TERMINATE tells the peer about a failed access to our memory when Config::opaque_access_errors is on:
+// every tagged-buffer and remote-protection error reads "invalid STag", every failed invalidation "cannot
+// invalidate", so the peer cannot tell an STag that does not exist from one it may not use, or a wrong offset
+// from a wrong STag (RFC 5042 section 5: STag guessing). `tagged`: the offending message was tagged (a WRITE
+// or READ response: DDP's code), else a READ or atomic request (RDMAP's). Other codes pass unchanged.
+constexpr TermCode opaque_access_error(TermCode c, bool tagged) {
+    if (c == err::p_cannot_invalidate || c == err::o_cannot_invalidate) return err::o_cannot_invalidate;
+    const bool remote_protection = c.layer == TermLayer::rdmap && c.etype == err::kEtypeProtection;
+    const bool tagged_buffer = c.layer == TermLayer::ddp && c.etype == ddp::err::kEtypeTagged && c != ddp::err::t_version;
+    if (!remote_protection && !tagged_buffer) return c;
+    return tagged ? ddp::err::t_invalid_stag : err::p_invalid_stag;
+}
+
 // Answer to a memory lookup: `len` (1..asked) contiguous bytes at `ptr`, or `err`. The bytes belong to the
 // upper layer and stay valid until the endpoint call that asked returns.
 struct Mem {
@@ -130,6 +143,9 @@ struct TermReport {
     std::uint32_t raw{0};
     // A sent TERMINATE: the whole ULPDU (header + attached) as it goes on the wire, for a split tx endpoint.
     std::span<const std::byte> frame{};
+    // What actually went wrong: `code` as found, before Config::opaque_access_errors hid it from the peer
+    // (equal to `code` otherwise, and for a received TERMINATE). For local logs and the application.
+    TermCode cause{};
 };
 
 class Upper {

@@ -158,9 +158,19 @@ void TcpConnection::set_keepalive(std::chrono::milliseconds idle, std::chrono::m
     pcb_->keep_cnt = probes;
 }
 
+static_assert(static_cast<u8_t>(TcpPriority::expendable) == TCP_PRIO_MIN);
+static_assert(static_cast<u8_t>(TcpPriority::normal) == TCP_PRIO_NORMAL);
+static_assert(static_cast<u8_t>(TcpPriority::vital) == TCP_PRIO_MAX);
+
+void TcpConnection::set_priority(TcpPriority p) noexcept {
+    stack_.assert_owner();
+    if (pcb_ != nullptr) tcp_setprio(pcb_, static_cast<u8_t>(p));
+}
+
 bool TcpConnection::close() noexcept {
     stack_.assert_owner();
     if (pcb_ == nullptr) return true;
+    tcp_setprio(pcb_, static_cast<u8_t>(TcpPriority::expendable));
     detach();
     if (tcp_close(pcb_) != ERR_OK) {  // no memory for the FIN: still ours, callbacks back on
         attach();

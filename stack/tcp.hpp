@@ -58,6 +58,13 @@ private:
     pbuf* chain_ = nullptr;
 };
 
+// Which connections lwIP may sacrifice when its PCB pool runs out: a new connection (a SYN on a listener, at
+// `normal`) kills the oldest connection of a LOWER priority (lwIP's tcp_alloc -> tcp_kill_prio), after
+// TIME_WAIT, LAST_ACK and CLOSING ones. So connections still being set up (`expendable`) give way to new
+// ones, and connections carrying sessions (`vital`) are never taken: a flood of idle connections cannot shut
+// out new clients or hurt running sessions for longer than it takes to cycle through the pool.
+enum class TcpPriority : std::uint8_t { expendable = 1, normal = 64, vital = 127 };
+
 class TcpConnection {
 public:
     // Callbacks, on the owner thread. A handler may call abort() (or destroy the connection) inside any
@@ -104,9 +111,12 @@ public:
     // would wait forever): after `idle` without traffic, probe every `interval`; after `probes` unanswered
     // probes the connection ends with on_error(timed_out).
     void set_keepalive(std::chrono::milliseconds idle, std::chrono::milliseconds interval, unsigned probes) noexcept;
+    // lwIP's priority for this connection (TcpPriority); new ones start at normal.
+    void set_priority(TcpPriority p) noexcept;
 
     // Orderly close of both directions (FIN). The connection object may be destroyed right after; lwIP
-    // finishes the close on its own. Returns false if lwIP had no memory to queue the FIN (try again).
+    // finishes the close on its own (at priority expendable: done from our side). Returns false if lwIP had no
+    // memory to queue the FIN (try again).
     bool close() noexcept;
     // Abortive close (RST); no on_error callback follows.
     void abort() noexcept;

@@ -13,6 +13,13 @@
 namespace softrdma::verbs {
 namespace {
 
+// A TERMINATE we sent because the peer failed an access to our memory or an invalidation (what a host probing
+// for STags causes; SecurityConfig::max_access_errors_per_peer counts them).
+bool is_access_error(TermCode c) {
+    return (c.layer == TermLayer::ddp && c.etype == ddp::err::kEtypeTagged && c != ddp::err::t_version) ||
+           (c.layer == TermLayer::rdmap && c.etype == rdmap::err::kEtypeProtection) || c == rdmap::err::o_cannot_invalidate;
+}
+
 // "a.b.c.d:port" of the peer, for messages.
 std::string peer_of(const stack::TcpConnection& c) {
     const stack::TcpConnection::FlowInfo fi = c.flow_info();
@@ -38,6 +45,11 @@ std::string TerminateInfo::describe() const {
     int n = std::snprintf(buf, sizeof buf, "TERMINATE %s: layer %u type %u code 0x%02x (%s), control word 0x%08x",
                           received ? "received" : "sent", static_cast<unsigned>(code.layer), code.etype, code.ecode,
                           text != nullptr ? text : "not an RFC 5040/5041/5044 code", raw);
+    // What we found, when the TERMINATE told the peer less (SecurityConfig::opaque_access_errors).
+    if (!received && !(cause == code) && n > 0 && static_cast<std::size_t>(n) < sizeof buf) {
+        const char* c = rdmap::term_text(cause);
+        n += std::snprintf(buf + n, sizeof buf - static_cast<std::size_t>(n), "; found: %s", c != nullptr ? c : "?");
+    }
     // Linux siw's x86 build lays the word out swapped (layer and type exchanged): say what such a peer meant.
     const TermCode siw = rdmap::term_code_siw_x86(raw);
     if (received && !(siw == code) && rdmap::term_text(siw) != nullptr && n > 0 && static_cast<std::size_t>(n) < sizeof buf)
@@ -72,6 +84,7 @@ struct CmListener::Acceptor final : stack::TcpListener::Handler {
 CmId::CmId(Context& ctx) : ctx_(ctx), handler_(std::make_unique<TcpHandler>(*this)) { ctx_.ids_.push_back(this); }
 
 CmId::~CmId() {
+    leave_pending();
     std::erase(ctx_.ids_, this);
     ctx_.drop_events(this);
     if (qp_ != nullptr) {
@@ -107,12 +120,81 @@ std::unique_ptr<CmListener> Context::listen(std::uint16_t port, const ConnParam&
     return std::unique_ptr<CmListener>(new CmListener(*this, port, defaults));
 }
 
+// ---- limits on what a host may hold (SecurityConfig; README "Security") ---------------------------------------
+
+Context::PeerRecord& Context::peer_record(std::uint32_t ip_be) {
+    // Hosts with nothing pending and no error in the window are forgotten once the book grows; its size is
+    // bounded by the hosts that hold pending connections (at most max_pending) plus those under penalty.
+    if (peers_.size() > 4096) {
+        const auto now = std::chrono::steady_clock::now();
+        std::erase_if(peers_, [&](const auto& kv) {
+            return kv.second.pending == 0 && now - kv.second.window_start >= cfg_.security.access_error_window;
+        });
+    }
+    return peers_[ip_be];
+}
+
+// A stream of this host drew a TERMINATE for a failed access to our memory: one more in its window.
+void Context::note_access_error(std::uint32_t ip_be) {
+    if (cfg_.security.max_access_errors_per_peer == 0) return;
+    PeerRecord& r = peer_record(ip_be);
+    const auto now = std::chrono::steady_clock::now();
+    if (r.errors == 0 || now - r.window_start >= cfg_.security.access_error_window) {
+        r.errors = 0;
+        r.window_start = now;
+    }
+    if (++r.errors == cfg_.security.max_access_errors_per_peer)
+        spdlog::warn("softrdma: {} caused {} access errors within {} s: its new connections are refused for that long",
+                     stack::Ipv4{ip_be}.str(), r.errors, cfg_.security.access_error_window.count());
+}
+
+void CmId::leave_pending() noexcept {
+    if (!pending_) return;
+    pending_ = false;
+    if (auto it = ctx_.peers_.find(peer_ip_be_); it != ctx_.peers_.end() && it->second.pending > 0) --it->second.pending;
+    if (ctx_.pending_total_ > 0) --ctx_.pending_total_;
+}
+
 void Context::new_request(CmListener& l, std::unique_ptr<stack::TcpConnection> conn) {
+    const SecurityConfig& sec = cfg_.security;
+    const std::uint32_t ip = conn->flow_info().remote_ip_be;
+    const auto now = std::chrono::steady_clock::now();
+    PeerRecord& rec = peer_record(ip);
+    // A host that keeps failing accesses to our memory (guessing STags) gets no new connection for a while.
+    const bool penalized = sec.max_access_errors_per_peer != 0 && rec.errors >= sec.max_access_errors_per_peer &&
+                           now - rec.window_start < sec.access_error_window;
+    if (penalized || (sec.max_pending_per_peer != 0 && rec.pending >= sec.max_pending_per_peer)) {
+        spdlog::debug("softrdma: connection from {} reset at accept ({})", peer_of(*conn),
+                      penalized ? "too many access errors" : "too many pending connections from it");
+        ++refused_connections_;
+        conn->abort();
+        return;
+    }
+    if (sec.max_pending != 0 && pending_total_ >= sec.max_pending) {
+        // Full: the oldest connection still in MPA setup makes room (a request the application holds is its
+        // own to answer); none: the newcomer is refused.
+        const auto oldest = std::find_if(orphans_.begin(), orphans_.end(), [](const std::unique_ptr<CmId>& o) {
+            return o->pending_ && o->phase_ == CmId::Phase::negotiating;
+        });
+        if (oldest == orphans_.end()) {
+            ++refused_connections_;
+            conn->abort();
+            return;
+        }
+        ++refused_connections_;
+        if ((*oldest)->conn_) (*oldest)->conn_->abort();
+        (*oldest)->finish(CmEventType::error, "reset: too many pending connections", /*quiet=*/true);
+    }
     std::unique_ptr<CmId> id(new CmId(*this));
     id->listener_ = &l;
     id->conn_ = std::move(conn);
     id->conn_->set_handler(id->handler_.get());
+    id->conn_->set_priority(stack::TcpPriority::expendable);  // gives way to new connections until RDMA mode
     id->peer_ = peer_of(*id->conn_);
+    id->peer_ip_be_ = ip;
+    id->pending_ = true;
+    ++peer_record(ip).pending;
+    ++pending_total_;
     mpa::NegotiationConfig nc;
     nc.crc = l.defaults_.crc;
     nc.peer_to_peer = true;  // we answer peer-to-peer requests (RTR WRITE preferred, else READ), as siw
@@ -207,7 +289,10 @@ std::string CmId::peer() const { return peer_; }
 void CmId::on_tcp_connected() {
     if (phase_ != Phase::connecting) return;
     phase_ = Phase::negotiating;
-    if (conn_) peer_ = peer_of(*conn_);
+    if (conn_) {
+        peer_ = peer_of(*conn_);
+        peer_ip_be_ = conn_->flow_info().remote_ip_be;
+    }
     // With an RX thread: it follows the connection from here (before our MPA request, so before any byte the
     // responder sends), forwarding in-order bytes until the QP hands the stream over after the reply.
     if (qp_ != nullptr && conn_) qp_->watch_stream(*conn_);
@@ -318,6 +403,7 @@ void CmId::check_outcome() {
     case mpa::Outcome::request_received: {
         if (phase_ != Phase::negotiating) return;
         phase_ = Phase::request;
+        leave_pending();  // its request is in: the application answers it (accept or reject)
         peer_pd_.assign(resp_->request_private_data());
         CmEvent ev;
         ev.type = CmEventType::connect_request;
@@ -344,6 +430,8 @@ void CmId::check_outcome() {
 
 void CmId::go_rdma(const mpa::Agreed& agreed) {
     phase_ = Phase::rdma;
+    leave_pending();
+    if (conn_) conn_->set_priority(stack::TcpPriority::vital);  // lwIP never sacrifices a running session
     ird_ = agreed.ird;
     ord_ = agreed.ord;
     if (qp_ == nullptr) return;
@@ -455,12 +543,14 @@ bool CmId::rtr_before_terminate(TermCode code, CmEventType type) {
 void CmId::finish(CmEventType type, const std::string& reason, bool quiet) {
     if (phase_ == Phase::closed) return;
     phase_ = Phase::closed;
+    leave_pending();
     // A TERMINATE sent or received is the reason the stream ended, even when the peer's FIN (which follows a
     // TERMINATE) is what this call reports.
     std::string why = reason;
     if (qp_ != nullptr && qp_->term_ && type == CmEventType::disconnected) {
         why = qp_->term_->describe();
         if (qp_->term_->received) spdlog::warn("softrdma: QP {}: {}", qp_->qp_num(), why);  // a peer's error
+        else if (is_access_error(qp_->term_->cause) && peer_ip_be_ != 0) ctx_.note_access_error(peer_ip_be_);
     }
     if (qp_ != nullptr) qp_->stream_lost();
     close_pending_ = true;  // closed in the poll stage, after the RecvBuffer of this turn reopened the window

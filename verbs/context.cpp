@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 // Context (port + stack + MR table + the polling turn), protection domains, memory regions, CQs.
 #include <sys/eventfd.h>
+#include <sys/random.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -127,6 +128,7 @@ MemoryRegion::~MemoryRegion() {
     constexpr auto r = std::memory_order_relaxed;
     e.valid.store(false, r);
     e.in_use.store(false, r);
+    e.tag.store(0, r);
     // The RX thread may be placing into this region right now (a check passed just before): wait until it has
     // finished that turn, so the memory is not written after the application frees it.
     if (ctx_.rx_) ctx_.rx_->quiesce();
@@ -147,16 +149,32 @@ std::uint32_t MemoryRegion::rekey(std::uint8_t key) noexcept {
     return stag_;
 }
 
+namespace {
+// Random bits for STags: the kernel's CSPRNG (control path only: one call per registration).
+std::uint32_t random32() {
+    std::uint32_t v = 0;
+    if (::getrandom(&v, sizeof v, 0) != static_cast<ssize_t>(sizeof v))
+        throw Error(std::string("reg_mr: getrandom: ") + std::strerror(errno));
+    return v;
+}
+}  // namespace
+
 std::unique_ptr<MemoryRegion> ProtectionDomain::reg_mr(std::span<std::byte> bytes, std::uint32_t access_flags) {
     if (ctx_.mr_free_.empty()) throw Error("reg_mr: MR table full (ContextConfig::max_mr)");
     // RFC 5040: remote write/atomic need local write too (as ibv_reg_mr refuses remote write without it).
     if ((access_flags & (access::remote_write | access::remote_atomic)) != 0 && !(access_flags & access::local_write))
         throw Error("reg_mr: remote write/atomic access requires local write");
+    constexpr std::uint32_t remote = access::remote_write | access::remote_read | access::remote_atomic;
+    if ((access_flags & access::remote_invalidate) != 0 && (access_flags & remote) == 0)
+        throw Error("reg_mr: remote_invalidate needs a remote access right");
+    const std::uint32_t rnd = random32();
     const std::uint32_t index = ctx_.mr_free_.back();
     ctx_.mr_free_.pop_back();
-    const std::uint8_t key = ctx_.next_key_++;
+    const auto key = static_cast<std::uint8_t>(rnd & 0xffu);
+    const std::uint32_t tag = ((rnd >> 8) << ctx_.mr_slot_bits_ | (index + 1)) & 0xffffffu;
     Context::MrEntry& e = ctx_.mrs_[index];
     constexpr auto r = std::memory_order_relaxed;
+    e.tag.store(tag, r);
     e.base.store(bytes.data(), r);
     e.length.store(bytes.size(), r);
     e.pd.store(handle_, r);
@@ -164,24 +182,30 @@ std::unique_ptr<MemoryRegion> ProtectionDomain::reg_mr(std::span<std::byte> byte
     e.key.store(key, r);
     e.valid.store(true, r);
     e.in_use.store(true, std::memory_order_release);
-    const std::uint32_t stag = ((index + 1) << 8) | key;
+    const std::uint32_t stag = tag << 8 | key;
     return std::unique_ptr<MemoryRegion>(new MemoryRegion(ctx_, index, stag, bytes, access_flags));
 }
 
+// The entry an STag names: its tag's low bits give the slot, and the whole tag (random bits included) must be
+// the entry's; the key is checked by the callers (a stale key reads "invalidated").
 Context::MrEntry* Context::mr_entry(std::uint32_t stag) noexcept {
-    const std::uint32_t idx = stag >> 8;
-    if (idx == 0 || idx > cfg_.max_mr) return nullptr;
-    MrEntry& e = mrs_[idx - 1];
-    return e.in_use.load(std::memory_order_acquire) ? &e : nullptr;
+    const std::uint32_t tag = stag >> 8;
+    const std::uint32_t slot = tag & ((1u << mr_slot_bits_) - 1);
+    if (slot == 0 || slot > cfg_.max_mr) return nullptr;
+    MrEntry& e = mrs_[slot - 1];
+    if (!e.in_use.load(std::memory_order_acquire) || e.tag.load(std::memory_order_relaxed) != tag) return nullptr;
+    return &e;
 }
 
-// SEND with Invalidate (either thread): the STag must be valid, keyed and of this PD.
+// SEND with Invalidate (either thread): the STag must be valid, keyed, of this PD, and registered for remote
+// invalidation (access::remote_invalidate). Anything else is "cannot invalidate", and nothing changes.
 rdmap::MemError Context::mr_invalidate(std::uint32_t stag, std::uint32_t pd) noexcept {
     MrEntry* e = mr_entry(stag);
     if (e == nullptr) return rdmap::MemError::invalid_stag;
     constexpr auto r = std::memory_order_relaxed;
     if (e->key.load(r) != (stag & 0xffu) || !e->valid.load(r)) return rdmap::MemError::invalidated;
     if (e->pd.load(r) != pd) return rdmap::MemError::wrong_pd;
+    if ((e->access.load(r) & access::remote_invalidate) == 0) return rdmap::MemError::access;
     e->valid.store(false, r);
     return rdmap::MemError::none;
 }
@@ -229,6 +253,7 @@ Context::Context(const ContextConfig& cfg) : cfg_(cfg) {
         rx_ = std::make_unique<threading::RxThread>(*port_, cfg.threading, cfg.max_qp, scfg.tcp_checksums);
     }
     mrs_ = std::make_unique<MrEntry[]>(cfg.max_mr);
+    while ((1u << mr_slot_bits_) <= cfg.max_mr) ++mr_slot_bits_;  // slot + 1 fits; max_mr < 2^24 (checked above)
     mr_free_.reserve(cfg.max_mr);
     for (std::uint32_t i = cfg.max_mr; i-- > 0;) mr_free_.push_back(i);
     // Sizing: a QP is listed at most once, but during a TX pass the QPs already taken off may list themselves

@@ -17,8 +17,8 @@ namespace {
 
 // READ sink STags name a QP-local sink list (the READ WR's slot), not a region: they are only ever looked up
 // with Access::local_write, which RDMAP uses for READ responses to our own requests (it checks the response
-// carries the STag of the oldest request). MR STags have index < 2^24 - 1 << 8, so the spaces never meet for
-// max_mr below 0xff0000.
+// carries the STag of the oldest request), and MR STags only with remote rights: the two spaces may hold the
+// same value without meeting.
 constexpr std::uint32_t kReadSinkTag = 0xff000000u;
 constexpr std::uint32_t kRtrStag = 1;                 // RFC 6581 RTR: STag 1 (Chelsio refuses 0)
 constexpr std::uint64_t kRtrWrId = ~std::uint64_t{0};  // the RTR's endpoint wr_id: not a slot, no completion
@@ -63,6 +63,7 @@ struct RxEvent {
     rdmap::IrqEntry irq{};        // inbound
     TermCode code{};              // terminate
     std::uint32_t raw{0};         // terminate: the control word as on the wire
+    TermCode cause{};             // terminate: what we found (sent ones; see TerminateInfo)
     bool received{false};         // terminate: received from the peer (else: to send, bytes below)
     std::uint8_t term_len{0};
     std::array<std::byte, rdmap::kTerminateLen + 2 + rdmap::kMaxHeaderLen> term{};
@@ -163,7 +164,7 @@ struct QueuePair::RxSide final : rdmap::Upper, threading::FlowSink {
         emit(RxEvent{.kind = RxEvent::Kind::request_done, .slot = c.wr_id, .ok = ok});
     }
     void on_terminate(const rdmap::TermReport& t) override {
-        RxEvent e{.kind = RxEvent::Kind::terminate, .code = t.code, .raw = t.raw, .received = t.received};
+        RxEvent e{.kind = RxEvent::Kind::terminate, .code = t.code, .raw = t.raw, .cause = t.cause, .received = t.received};
         const std::size_t n = std::min(t.frame.size(), e.term.size());
         if (n != 0) std::memcpy(e.term.data(), t.frame.data(), n);  // a received TERMINATE has no frame to send
         e.term_len = static_cast<std::uint8_t>(n);
@@ -533,7 +534,7 @@ void QueuePair::on_completion(const rdmap::Completion& c) {
 }
 
 void QueuePair::on_terminate(const rdmap::TermReport& t) {
-    if (!closing_) term_ = TerminateInfo{t.code, t.received, t.raw};
+    if (!closing_) term_ = TerminateInfo{t.code, t.received, t.raw, t.cause};
     enter_error();
 }
 
@@ -614,7 +615,8 @@ void QueuePair::enter_rts(CmId& conn, const mpa::Agreed& agreed, std::uint32_t e
     deframer_.emplace(mpa::rx_config(agreed));
     rdmap::Upper& upper = *this;
     rdmap::Config ecfg{.sq_depth = cap_.max_send_wr + 2 /* + the RTR and a first-FPDU nudge */, .ird = agreed.ird,
-                       .ord = agreed.ord, .rfc7306 = rfc7306};
+                       .ord = agreed.ord, .rfc7306 = rfc7306,
+                       .opaque_access_errors = ctx_.cfg_.security.opaque_access_errors};
     if (rxs_) {
         // RX thread: this endpoint sends; the receive half (its own endpoint and deframer) goes to the RX thread
         // at the handover. Between them: RxSide's rings and answered_.
@@ -789,7 +791,7 @@ void QueuePair::drain_rx_events() noexcept {
         case RxEvent::Kind::terminate:
             // A TERMINATE the peer sent is the reason even when the connection is already closing (its FIN
             // may have been seen first); one we would send while closing is only the flush of a lost stream.
-            if (!term_ && (e.received || !closing_)) term_ = TerminateInfo{e.code, e.received, e.raw};
+            if (!term_ && (e.received || !closing_)) term_ = TerminateInfo{e.code, e.received, e.raw, e.cause};
             if (ep_) {
                 if (e.received) ep_->stop(e.code);
                 else ep_->send_terminate(e.code, std::span<const std::byte>(e.term).first(e.term_len));

@@ -35,6 +35,7 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "io/port.hpp"
@@ -75,6 +76,11 @@ inline constexpr std::uint32_t local_write = 1u << 0;
 inline constexpr std::uint32_t remote_write = 1u << 1;
 inline constexpr std::uint32_t remote_read = 1u << 2;
 inline constexpr std::uint32_t remote_atomic = 1u << 3;
+// The peer may invalidate this region's STag with SEND with Invalidate (RFC 5040 section 5.3). RNICs allow
+// that for memory windows and fast-registered regions, never for regions registered like ibv_reg_mr: without
+// this right a SEND with Invalidate naming the region ends the stream (TERMINATE "cannot invalidate") and the
+// region stays valid. Needs a remote right too (an STag the peer was never meant to use is not its to revoke).
+inline constexpr std::uint32_t remote_invalidate = 1u << 4;
 }  // namespace access
 
 // A scatter/gather element (ibv_sge): `addr` is a virtual address inside the region of `lkey`.
@@ -226,8 +232,11 @@ private:
 };
 
 // ---- memory regions ----------------------------------------------------------------------------------------
-// STag = (table index + 1) << 8 | key. The low byte is the key: rekey() moves it on, and the old STag is then
-// refused as invalidated. Index 0 is never used, so STag 1 (the RTR STag) and small values name no region.
+// STag = tag << 8 | key (RFC 5040's STag Index and STag Key). `tag` is 24 bits: the table slot + 1 in its low
+// bits (enough for max_mr) and random bits above them; `key` is random too. Every registration draws fresh
+// random bits (getrandom), so an STag says nothing about any other: with the default 4096-entry table 20 of
+// its 32 bits are random (RFC 5042 section 5: STags hard to guess). rekey() replaces the key, and the old STag
+// is then refused. Tag 0 is never used, so STags below 256 (STag 1: the RTR's) name no region.
 class MemoryRegion {
 public:
     ~MemoryRegion();
@@ -342,10 +351,13 @@ struct QpInitAttr {
 // What ended the stream: a TERMINATE we sent (received == false) or received. `raw` is its 32-bit control word
 // as on the wire: `code` reads it by RFC 5040; a Linux siw peer (x86) lays the fields out swapped, so its
 // "LLP/MPA 0x01" reads here as layer 0 type 2 (describe() shows both readings).
+// `cause`: for a TERMINATE we sent, what we found, when SecurityConfig::opaque_access_errors hid it from the
+// peer behind "invalid STag" (equal to `code` otherwise).
 struct TerminateInfo {
     TermCode code{};
     bool received{false};
     std::uint32_t raw{0};
+    TermCode cause{};
     std::string describe() const;
 };
 
@@ -666,6 +678,9 @@ private:
     CmListener* listener_{nullptr};
     mpa::PrivateData peer_pd_{};
     std::string peer_;           // "a.b.c.d:port", set when TCP connects
+    std::uint32_t peer_ip_be_{0};
+    bool pending_{false};        // counted in the Context's pending connections (responder, before RDMA mode)
+    void leave_pending() noexcept;
     bool draining_{false};       // disconnect(): waiting for the QP's send queue to reach TCP
     mpa::Clock::time_point drain_deadline_{};
     bool quiet_close_{false};    // the event was already given (initiator failure with TERMINATE)
@@ -706,6 +721,31 @@ private:
 };
 
 // ---- device context ----------------------------------------------------------------------------------------
+// What a peer may learn and hold (the security model: README, "Security"). Every limit is per Context.
+struct SecurityConfig {
+    // Report every failed access to our memory (no such STag, other PD, missing right, outside the region,
+    // stale key) as "invalid STag", and every refused invalidation as "cannot invalidate", instead of the
+    // precise RFC 5040/5041 code: a prober then cannot tell a guessed STag from a wrong one, nor find a
+    // region's bounds. Our own TerminateInfo keeps the precise cause. Off: precise codes (debugging with
+    // trusted peers).
+    bool opaque_access_errors{true};
+    // A host whose streams draw this many such TERMINATEs (failed accesses to our memory, refused
+    // invalidations) within `access_error_window` has its new connections refused (reset at accept) until
+    // the window has passed: guessing STags then costs it a connection and a slot in this budget per guess.
+    // 0 = no limit.
+    unsigned max_access_errors_per_peer{8};
+    std::chrono::seconds access_error_window{60};
+    // Connections accepted by TCP whose MPA request has not arrived yet hold a TCP PCB and CM state for up to
+    // the request time limit (5 s) and cost the sender nothing. Per host at most `max_pending_per_peer` (more
+    // are reset at accept); in all at most `max_pending`, beyond which the oldest is reset to admit the new one.
+    // A client that sends its request at once (every real one) is pending for one round trip. Together with
+    // lwIP evicting connections not yet in RDMA mode before those that are when its PCBs run out
+    // (stack::TcpPriority), a flood of idle connections can neither starve running sessions nor shut out new
+    // clients for long (README, "Security"). 0 = no limit.
+    unsigned max_pending_per_peer{64};
+    unsigned max_pending{256};
+};
+
 struct ContextConfig {
     io::PortConfig port{};
     io::EalConfig eal{};
@@ -725,6 +765,7 @@ struct ContextConfig {
     // The destructor keeps polling up to this long while connections finish closing (FIN handshakes), so the
     // peer sees an orderly end even if the application stops polling right after its disconnected event.
     std::chrono::milliseconds close_linger{500};
+    SecurityConfig security{};
 };
 
 // Where the cycles of the data path went, by layer (ContextConfig::layer_cycles), since the Context opened.
@@ -806,6 +847,8 @@ public:
     RxCopyStats rx_copy_stats() const noexcept;
     // The RX thread's counters (frames, copies, placed payload, drops); nullopt in run-to-completion mode.
     std::optional<threading::RxCounters> rx_thread_counters() const noexcept;
+    // Connections refused or reset at accept by SecurityConfig's limits (a probing host, too many pending).
+    std::uint64_t refused_connections() const noexcept { return refused_connections_; }
     LayerCycles layer_cycles() const noexcept;
 
 private:
@@ -823,6 +866,7 @@ private:
     // loads). An entry is only reused after the RX thread has quiesced (MemoryRegion's destructor), so a
     // check never mixes two registrations' fields in a way that lets a write land outside either region.
     struct MrEntry {
+        std::atomic<std::uint32_t> tag{0};  // the STag's upper 24 bits (slot + 1 | random)
         std::atomic<std::byte*> base{nullptr};
         std::atomic<std::size_t> length{0};
         std::atomic<std::uint32_t> pd{0};
@@ -838,6 +882,17 @@ private:
     MrEntry* mr_entry(std::uint32_t stag) noexcept;
     void schedule_tx(QueuePair* qp) noexcept;
     void new_request(CmListener& listener, std::unique_ptr<stack::TcpConnection> conn);
+    // SecurityConfig bookkeeping (control path): per host, connections pending and access errors caused.
+    struct PeerRecord {
+        unsigned pending = 0;
+        unsigned errors = 0;
+        std::chrono::steady_clock::time_point window_start{};
+    };
+    std::unordered_map<std::uint32_t, PeerRecord> peers_;
+    unsigned pending_total_{0};
+    std::uint64_t refused_connections_{0};
+    PeerRecord& peer_record(std::uint32_t ip_be);
+    void note_access_error(std::uint32_t ip_be);
     void push_event(CmEvent ev);
     void drop_events(const CmId* id) noexcept;
 
@@ -863,7 +918,7 @@ private:
     rdmap::MemError mr_invalidate(std::uint32_t stag, std::uint32_t pd) noexcept;
     std::unique_ptr<MrEntry[]> mrs_;     // max_mr entries, allocated at open
     std::vector<std::uint32_t> mr_free_;
-    std::uint8_t next_key_{0x5a};
+    std::uint32_t mr_slot_bits_{0};      // the STag tag's low bits that hold slot + 1 (the rest is random)
     std::uint32_t next_pd_{1};
     std::uint32_t next_qpn_{1};
     std::uint32_t qp_count_{0};

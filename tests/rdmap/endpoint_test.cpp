@@ -651,12 +651,12 @@ TEST_CASE("TERMINATE: tagged placement errors", "[rdmap][terminate]") {
         expect_terminate(b, ddp::err::t_base_bounds, true, true, false, h, 30);
         CHECK(b.upper.regions[0x100].mem[8] == std::byte{0});  // nothing placed
     }
-    SECTION("no remote-write right: RDMAP access violation, RDMAP header too") {
+    SECTION("no remote-write right: RDMAP access violation, the WRITE's header attached, R clear") {
         Side b;
         b.upper.add_region(0x100, 64, bit(Access::remote_read));
         const auto h = tagged(Opcode::write, true, 0x100, 0);
         b.feed(make_fpdu(h, payload));
-        expect_terminate(b, err::p_access, true, true, true, h, 30);
+        expect_terminate(b, err::p_access, true, true, false, h, 30);
     }
     SECTION("STag of another protection domain") {
         Side b;
@@ -800,14 +800,14 @@ TEST_CASE("TERMINATE: atomic request checks", "[rdmap][terminate]") {
         ar.to = 4;
         const auto h = atomic_request(1, ar);
         b.feed(make_fpdu(h));
-        expect_terminate(b, err::p_base_bounds, true, true, true, h, 70);
+        expect_terminate(b, err::p_base_bounds, true, true, false, h, 70);  // R: READ requests only
     }
     SECTION("no remote-atomic right") {
         Side b;
         b.upper.add_region(0x400, 64, bit(Access::remote_write));
         const auto h = atomic_request(1, ar);
         b.feed(make_fpdu(h));
-        expect_terminate(b, err::p_access, true, true, true, h, 70);
+        expect_terminate(b, err::p_access, true, true, false, h, 70);
     }
     SECTION("unknown atomic operation") {
         Side b;
@@ -968,6 +968,46 @@ TEST_CASE("received TERMINATE: the raw control word is reported as received", "[
     CHECK(b.upper.terminates[0].raw == siw_word);
     CHECK(b.upper.terminates[0].code == TermCode{TermLayer::rdmap, 2, 0x01});  // how RFC 5040 reads it
     CHECK(b.drain().empty());
+}
+
+// Config::opaque_access_errors (verbs' default): a prober learns nothing from the TERMINATE about why its
+// access failed. A WRITE to an STag that does not exist, to a region of another PD, without the right, or
+// outside the bounds all draw the same DDP "invalid STag"; READ sources and atomic targets the same RDMAP
+// "invalid STag". The precise cause reaches the upper layer only.
+TEST_CASE("opaque access errors: every failed remote access reads invalid STag on the wire", "[rdmap][terminate]") {
+    SideConfig oc;
+    oc.ep.opaque_access_errors = true;
+    const auto payload = bytes_of(16, 1);
+    struct Case {
+        const char* name;
+        TermCode cause;
+        int setup;  // 0 no region, 1 other PD, 2 read-only, 3 in bounds but past the end
+    };
+    const Case writes[] = {{"no such STag", ddp::err::t_invalid_stag, 0},
+                           {"another PD", ddp::err::t_stag_not_assoc, 1},
+                           {"no remote-write right", err::p_access, 2},
+                           {"past the end", ddp::err::t_base_bounds, 3}};
+    for (const Case& c : writes) {
+        SECTION(std::string("WRITE: ") + c.name) {
+            Side b(oc);
+            if (c.setup == 1) b.upper.add_region(0x100, 64).other_pd = true;
+            if (c.setup == 2) b.upper.add_region(0x100, 64, bit(Access::remote_read));
+            if (c.setup == 3) b.upper.add_region(0x100, 8, bit(Access::remote_write));
+            const auto h = tagged(Opcode::write, true, 0x100, 0);
+            b.feed(make_fpdu(h, payload));
+            // DDP tagged invalid STag: the DDP header attached (M, D), no R.
+            expect_terminate(b, ddp::err::t_invalid_stag, true, true, false, h, 30);
+            CHECK(b.upper.terminates[0].cause == c.cause);
+        }
+    }
+    SECTION("READ request: source outside its region reads invalid STag too") {
+        Side b(oc);
+        b.upper.add_region(0x200, 64, bit(Access::remote_read));
+        const auto h = read_request(1, ReadRequest{0x77, 0, 128, 0x200, 0});
+        b.feed(make_fpdu(h));
+        expect_terminate(b, err::p_invalid_stag, true, true, true, h, 46);
+        CHECK(b.upper.terminates[0].cause == err::p_base_bounds);
+    }
 }
 
 // ==== CRC off: the plain (non-fused) payload path ===========================================================

@@ -15,6 +15,7 @@
 
 #include "ddp/header.hpp"
 #include "rdmap/messages.hpp"
+#include "rdmap/upper.hpp"
 #include "mpa/fpdu.hpp"
 #include "tests/support/checks.hpp"
 #include "tests/support/processes.hpp"
@@ -325,13 +326,17 @@ TEST_CASE("a CM reject carries the responder's private data to the initiator", "
 
 namespace {
 
-// The violation cases: the client does something the server must refuse. The server's QP sends the TERMINATE
-// `want` and goes to ERR with its receives flushed; the client receives that TERMINATE and goes to ERR with
-// its receives (and any outstanding send WR) flushed.
+// The violation cases: the client does something the server must refuse. The server finds `want` (its
+// TerminateInfo::cause), sends the TERMINATE the security policy allows (SecurityConfig::opaque_access_errors,
+// on by default: every failed access to its memory reads "invalid STag", DDP's for a tagged offence, RDMAP's
+// for a READ or atomic request) and goes to ERR with its receives flushed; the client receives that TERMINATE
+// and goes to ERR with its receives (and any outstanding send WR) flushed.
 // `consumed`: how many of the server's two receives the offence uses first (they complete successfully; the
-// rest are flushed). `wrong_pd`: the server advertises a region of another PD.
+// rest are flushed). `wrong_pd`: the server advertises a region of another PD. `tagged`: the offence is a
+// tagged message (WRITE), not a READ/atomic request.
 void violation_case(const std::function<void(Peer&)>& offend, const TermCode want, std::uint32_t server_access,
-                    int consumed = 0, bool wrong_pd = false) {
+                    int consumed = 0, bool wrong_pd = false, bool tagged = true) {
+    const TermCode wire = rdmap::opaque_access_error(want, tagged);
     auto server = [&](const PeerConfig& cfg) {
         Peer p(cfg, 4096, server_access);
         std::vector<std::byte> other(4096);
@@ -346,8 +351,9 @@ void violation_case(const std::function<void(Peer&)>& offend, const TermCode wan
         p.wait_event(verbs::CmEventType::disconnected);
         const auto& t = p.qp->terminate_info();
         if (!t || t->received) throw std::runtime_error("server sent no TERMINATE");
-        report("server sent TERMINATE " + term_str(t->code) + ", QP " + verbs::to_string(p.qp->state()));
-        if (!(t->code == want)) throw std::runtime_error("wrong TERMINATE, wanted " + term_str(want));
+        report("server: " + t->describe() + ", QP " + verbs::to_string(p.qp->state()));
+        if (!(t->cause == want)) throw std::runtime_error("wrong cause " + term_str(t->cause) + ", wanted " + term_str(want));
+        if (!(t->code == wire)) throw std::runtime_error("wrong TERMINATE " + term_str(t->code) + ", wanted " + term_str(wire));
         if (p.qp->state() != verbs::QpState::err) throw std::runtime_error("server QP not in ERR");
         mr2.reset();
         return p.end(0);
@@ -360,8 +366,8 @@ void violation_case(const std::function<void(Peer&)>& offend, const TermCode wan
         p.wait_event(verbs::CmEventType::disconnected);
         const auto& t = p.qp->terminate_info();
         if (!t || !t->received) throw std::runtime_error("client received no TERMINATE");
-        report("client received TERMINATE " + term_str(t->code) + ", QP " + verbs::to_string(p.qp->state()));
-        if (!(t->code == want)) throw std::runtime_error("wrong TERMINATE, wanted " + term_str(want));
+        report("client: " + t->describe() + ", QP " + verbs::to_string(p.qp->state()));
+        if (!(t->code == wire)) throw std::runtime_error("wrong TERMINATE " + term_str(t->code) + ", wanted " + term_str(wire));
         if (p.qp->state() != verbs::QpState::err) throw std::runtime_error("client QP not in ERR");
         // Completions: the offending WR (success when framed, as siw), flushed receive, flushed READ.
         std::array<verbs::WorkCompletion, 16> wcs;
@@ -432,7 +438,7 @@ TEST_CASE("READ without the remote-read right: TERMINATE access violation", "[ve
             post_offence_then_read(p, {.wr_id = 98, .opcode = verbs::WrOpcode::rdma_read, .sg_list = {&s, 1},
                                        .rdma = {p.remote.addr, p.remote.rkey}});
         },
-        rdmap::err::p_access, verbs::access::local_write | verbs::access::remote_write);
+        rdmap::err::p_access, verbs::access::local_write | verbs::access::remote_write, 0, false, /*tagged=*/false);
 }
 
 TEST_CASE("fetch-add without the remote-atomic right: TERMINATE access violation", "[verbs][memif]") {
@@ -442,7 +448,8 @@ TEST_CASE("fetch-add without the remote-atomic right: TERMINATE access violation
             post_offence_then_read(p, {.wr_id = 98, .opcode = verbs::WrOpcode::atomic_fetch_and_add,
                                        .sg_list = {&s, 1}, .atomic = {p.remote.addr, 1, 0, p.remote.rkey}});
         },
-        rdmap::err::p_access, verbs::access::local_write | verbs::access::remote_write | verbs::access::remote_read);
+        rdmap::err::p_access, verbs::access::local_write | verbs::access::remote_write | verbs::access::remote_read, 0,
+        false, /*tagged=*/false);
 }
 
 TEST_CASE("WRITE above and below the region: TERMINATE base or bounds", "[verbs][memif]") {
@@ -476,7 +483,7 @@ TEST_CASE("WRITE to an STag the peer invalidated by SEND_INV: TERMINATE invalid 
             post_offence_then_read(p, {.wr_id = 1, .opcode = verbs::WrOpcode::rdma_write, .sg_list = {&s, 1},
                                        .rdma = {p.remote.addr, p.remote.rkey}});
         },
-        ddp::err::t_invalid_stag, kAll, /*consumed=*/1);
+        ddp::err::t_invalid_stag, kAll | verbs::access::remote_invalidate, /*consumed=*/1);
 }
 
 TEST_CASE("peer-to-peer: the RTR lets the responder send first", "[verbs][memif]") {

@@ -9,11 +9,12 @@ MemoryUpper::Region& MemoryUpper::add_region(std::uint32_t stag, std::uint64_t b
     return regions[stag] = Region{base_to, std::vector<std::byte>(size), true};
 }
 
-rdmap::Mem MemoryUpper::tagged(std::uint32_t stag, std::uint64_t to, std::size_t len, rdmap::Access) {
+rdmap::Mem MemoryUpper::tagged(std::uint32_t stag, std::uint64_t to, std::size_t len, rdmap::Access access) {
     const auto it = regions.find(stag);
     if (it == regions.end()) return {.err = rdmap::MemError::invalid_stag};
     Region& r = it->second;
     if (!r.valid) return {.err = rdmap::MemError::invalidated};
+    if (access == rdmap::Access::remote_write && !r.remote_write) return {.err = rdmap::MemError::access};
     if (to < r.base_to || to - r.base_to > r.bytes.size() || len > r.bytes.size() - (to - r.base_to))
         return {.err = rdmap::MemError::bounds};
     return {r.bytes.data() + (to - r.base_to), len, rdmap::MemError::none};

@@ -20,6 +20,7 @@ public:
         std::uint64_t base_to{0};
         std::vector<std::byte> bytes;
         bool valid{true};
+        bool remote_write{true};  // false: a WRITE into it is an access violation (RDMAP remote protection)
     };
     struct Receive {
         std::vector<std::byte> buffer;

@@ -41,6 +41,7 @@ constexpr std::uint16_t ird_ord = 8;
 // STags. Server side: WRITE sink, READ source, atomic target, two to invalidate; client side: READ sink.
 constexpr std::uint32_t write_stag = 0x1000, read_src_stag = 0x2000, atomic_stag = 0x3000;
 constexpr std::uint32_t inv_stag_a = 0x4000, inv_stag_b = 0x4001, read_sink_stag = 0x5000, unknown_stag = 0x7777;
+constexpr std::uint32_t read_only_stag = 0x6000;  // registered without the remote-write right
 constexpr std::uint64_t write_to = 0x10008, read_src_to = 0x20000, atomic_to = 0x30000, read_sink_to = 0x50000;
 
 // tshark field -> expected value (numbers compared by value, whatever base tshark prints them in).
@@ -98,6 +99,7 @@ struct Setup {
     std::uint8_t revision;
     mpa::CrcPolicy crc;
     bool markers;  // both sides ask for Markers on what they receive
+    bool access_violation = false;  // the last WRITE goes to a read-only region instead of an unknown STag
 };
 
 struct Result {
@@ -160,6 +162,7 @@ Result run_session(const Setup& setup) {
     server.upper.add_region(inv_stag_b, 0, 64);
     for (int i = 0; i < 4; ++i) server.upper.post_receive(4096);
     client.upper.add_region(read_sink_stag, read_sink_to, 8192);
+    server.upper.add_region(read_only_stag, 0, 64).remote_write = false;
 
     // Pumps both directions until neither has anything left; each FPDU is one TCP segment.
     std::vector<std::byte> buf(64 * 1024);
@@ -267,20 +270,37 @@ Result run_session(const Setup& setup) {
     pump();
     REQUIRE(client.upper.completions.size() == 8);  // all signaled, all done before the stream ends
 
-    // A WRITE to an STag the server never registered: DDP tagged "invalid STag", TERMINATE with M and D
-    // (RFC 5040 section 4.8), the DDP header of the offending segment attached.
     rdmap::WorkRequest bad = wr_with(rdmap::WrOp::write, 16);
-    bad.remote_stag = unknown_stag;
-    REQUIRE(client.ep.post(bad) == rdmap::PostStatus::ok);
-    expect_message(r.from_client, Op::write, 16, mulpdu, {{"iwarp_ddp.stag", unknown_stag}, {"iwarp_ddp.tagged_offset", 0}});
-    expect_message(r.from_server, Op::terminate, 2 + ddp::kTaggedHeaderLen, mulpdu,
-                   {{"iwarp_ddp.msn", 1},
-                    {"iwarp_rdma.term_layer", 1},
-                    {"iwarp_rdma.term_etype_ddp", 1},
-                    {"iwarp_rdma.term_errcode_ddp_tagged", 0},
-                    {"iwarp_rdma.term_hdrct_m", 1},
-                    {"iwarp_rdma.hdrct_d", 1},
-                    {"iwarp_rdma.hdrct_r", 0}});
+    if (!setup.access_violation) {
+        // A WRITE to an STag the server never registered: DDP tagged "invalid STag", TERMINATE with M and D
+        // (RFC 5040 section 4.8), the DDP header of the offending segment attached.
+        bad.remote_stag = unknown_stag;
+        REQUIRE(client.ep.post(bad) == rdmap::PostStatus::ok);
+        expect_message(r.from_client, Op::write, 16, mulpdu, {{"iwarp_ddp.stag", unknown_stag}, {"iwarp_ddp.tagged_offset", 0}});
+        expect_message(r.from_server, Op::terminate, 2 + ddp::kTaggedHeaderLen, mulpdu,
+                       {{"iwarp_ddp.msn", 1},
+                        {"iwarp_rdma.term_layer", 1},
+                        {"iwarp_rdma.term_etype_ddp", 1},
+                        {"iwarp_rdma.term_errcode_ddp_tagged", 0},
+                        {"iwarp_rdma.term_hdrct_m", 1},
+                        {"iwarp_rdma.hdrct_d", 1},
+                        {"iwarp_rdma.hdrct_r", 0}});
+    } else {
+        // A WRITE into a region without the remote-write right: RDMAP remote protection "access rights
+        // violation", the WRITE's header attached with M and D; R stays clear (no READ request header in it),
+        // or tshark would decode the WRITE's header as a READ request's and call the frame malformed.
+        bad.remote_stag = read_only_stag;
+        REQUIRE(client.ep.post(bad) == rdmap::PostStatus::ok);
+        expect_message(r.from_client, Op::write, 16, mulpdu, {{"iwarp_ddp.stag", read_only_stag}, {"iwarp_ddp.tagged_offset", 0}});
+        expect_message(r.from_server, Op::terminate, 2 + ddp::kTaggedHeaderLen, mulpdu,
+                       {{"iwarp_ddp.msn", 1},
+                        {"iwarp_rdma.term_layer", 0},
+                        {"iwarp_rdma.term_etype_rdma", 1},
+                        {"iwarp_rdma.term_errcode_rdma", 2},
+                        {"iwarp_rdma.term_hdrct_m", 1},
+                        {"iwarp_rdma.hdrct_d", 1},
+                        {"iwarp_rdma.hdrct_r", 0}});
+    }
     pump();
     tcp.close();
     r.fpdus = client.fpdus_sent + server.fpdus_sent;
@@ -296,7 +316,7 @@ Result run_session(const Setup& setup) {
     std::memcpy(&final_value, server.upper.regions[atomic_stag].bytes.data(), sizeof final_value);
     CHECK(final_value == 7);  // 40, + 2, then 42 swapped for 7
     REQUIRE(server.upper.terminates.size() == 1);
-    CHECK(server.upper.terminates[0].code == ddp::err::t_invalid_stag);
+    CHECK(server.upper.terminates[0].code == (setup.access_violation ? rdmap::err::p_access : ddp::err::t_invalid_stag));
     REQUIRE(client.upper.terminates.size() == 1);
     CHECK(client.upper.terminates[0].received);
     return r;
@@ -409,6 +429,7 @@ TEST_CASE("tshark decodes our MPA startup and every RDMAP opcode it knows", "[wi
         {"rev1_crc", 1, mpa::CrcPolicy::preferred, false},
         {"rev2", 2, mpa::CrcPolicy::off, false},
         {"rev2_crc", 2, mpa::CrcPolicy::preferred, false},
+        {"rev2_crc_access_violation", 2, mpa::CrcPolicy::preferred, false, true},
         {"rev1_markers", 1, mpa::CrcPolicy::preferred, true},
         {"rev2_markers", 2, mpa::CrcPolicy::preferred, true},
     };
