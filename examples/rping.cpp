@@ -343,7 +343,7 @@ int client(const NetOptions& base) {
         if (cb.id->nudges_sent() != 0) ++nudged;
     }
     std::printf("rping: %d pings of %u bytes: data verified (READ by the server, WRITTEN back, compared)", opt.count, size);
-    if (opt.connects > 1) std::printf(" on each of %d connections (%u needed a first-FPDU nudge)", opt.connects, nudged);
+    if (opt.connects > 1) std::printf(" on each of %d connections (%u were followed by first-FPDU nudges)", opt.connects, nudged);
     std::printf("\n");
     return 0;
 }

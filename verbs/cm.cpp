@@ -52,7 +52,7 @@ std::string TerminateInfo::describe() const {
     }
     // Linux siw's x86 build lays the word out swapped (layer and type exchanged): say what such a peer meant.
     const TermCode siw = rdmap::term_code_siw_x86(raw);
-    if (received && !(siw == code) && rdmap::term_text(siw) != nullptr && n > 0 && static_cast<std::size_t>(n) < sizeof buf)
+    if (received && text == nullptr && rdmap::term_text(siw) != nullptr && n > 0 && static_cast<std::size_t>(n) < sizeof buf)
         std::snprintf(buf + n, sizeof buf - static_cast<std::size_t>(n), "; laid out as Linux siw (x86) sends it: %s",
                       rdmap::term_text(siw));
     return buf;

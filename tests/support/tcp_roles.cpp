@@ -16,6 +16,14 @@
 #include "tests/support/processes.hpp"
 
 namespace softrdma::test {
+void enter_netns(const std::string& name) {
+    if (name.empty()) return;
+    const std::string path = "/run/netns/" + name;
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0 || ::setns(fd, CLONE_NEWNET) != 0) throw std::runtime_error("cannot enter netns " + name);
+    ::close(fd);
+}
+
 namespace {
 
 using namespace std::chrono_literals;
@@ -30,12 +38,7 @@ struct Env {
 };
 
 Env start(const PeerConfig& cfg) {
-    if (!cfg.netns.empty()) {
-        const std::string path = "/run/netns/" + cfg.netns;
-        const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-        if (fd < 0 || ::setns(fd, CLONE_NEWNET) != 0) throw std::runtime_error("cannot enter netns " + cfg.netns);
-        ::close(fd);
-    }
+    enter_netns(cfg.netns);
     Env env;
     env.port = io::open_port(cfg.port, cfg.eal);
     env.stack = std::make_unique<stack::Stack>(*env.port, cfg.stack);

@@ -31,6 +31,9 @@ int finish_checks(stack::Stack& stack, io::Port& port, const stack::PoolUsage& b
 
 // Listens on cfg.tcp_port, accepts `connections` streams of `bytes` each (after an 8-byte seed header),
 // verifies every byte, closes each after the peer's FIN. Reports "rx_bytes=N seconds=S MBps=M".
+// Moves this process into the network namespace `name` ("" = stay): before opening a port in it.
+void enter_netns(const std::string& name);
+
 int stream_server(const PeerConfig& cfg, std::uint64_t bytes, unsigned connections);
 // Opens `connections` connections to cfg.peer:cfg.tcp_port, sends the streams, closes.
 int stream_client(const PeerConfig& cfg, std::uint64_t bytes, unsigned connections);
