@@ -163,6 +163,20 @@ strangers)
   grep -q "refused a connection from 10.78.0.2:[0-9]*: expected 16 bytes of private data" /tmp/softrdma-st-$$.server ||
     fail "the server did not say whom it refused and why"
   grep -q "busy" /tmp/softrdma-st-$$.server || fail "the server did not say it refused a second client"
+  # rping's server (-P) against a client that breaks rping's order: an orderly end of that session, then the next.
+  rping_exe=$(dirname "$exe")/rping
+  ip netns exec $a timeout 60 "$rping_exe" -s -P -a 10.78.0.1 --af-packet va$$ --no-huge --lcores 0 --timeout 5 \
+    >/tmp/softrdma-st-$$.server 2>&1 &
+  server=$!
+  echo "\$ ip netns exec $b strangers.py 10.78.0.1 7174 --rping"
+  out=$(ip netns exec $b timeout 60 python3 "$(dirname "$0")/strangers.py" 10.78.0.1 7174 --rping 2>&1); rc=$?
+  echo "$out"
+  wait $server; src=$?
+  cat /tmp/softrdma-st-$$.server
+  [ $rc -eq 0 ] || fail "strangers.py --rping exit code $rc"
+  [ $src -le 1 ] || fail "rping server ended with $src (a crash?)"
+  grep -q "session with 10.78.0.2:[0-9]* failed: unexpected message" /tmp/softrdma-st-$$.server ||
+    fail "the rping server did not say what went wrong"
   ;;
 *) fail "unknown check $what" ;;
 esac

@@ -10,7 +10,11 @@
         running session must go on;
   then an orderly close of the session (the server checks every message came back and exits 0).
 
-Usage: strangers.py SERVER_IP PORT
+With --rping, against `rping -s -P` instead: a client that sends its advertisement and then, while the server
+waits for its READ to complete, a second SEND out of rping's order. The server must end that session with an
+orderly close (not crash, as it once did with an exception inside a noexcept loop) and serve the next client.
+
+Usage: strangers.py SERVER_IP PORT [--rping]
 """
 import socket
 import struct
@@ -122,8 +126,38 @@ class FpduReader:
         self.buf += chunk
 
 
+def rping_out_of_order(ip, port):
+    s = connect(ip, port)
+    s.sendall(request())
+    flags, rev, pd = read_reply(s)
+    if flags & FLAG_REJECT:
+        fail("rping server rejected us")
+    adv = struct.pack(">QII", 0x10000, 0x1234, 64)  # rping_rdma_info: a source the server will try to READ
+    s.sendall(fpdu_send(1, adv))
+    time.sleep(0.1)
+    s.sendall(fpdu_send(2, adv))  # out of order: rping's server is waiting for its READ, not for a message
+    s.settimeout(10)
+    if not closed_in_order(s):
+        fail("the rping server reset the connection instead of closing it")
+    s.close()
+    print("1. out-of-order SEND: the rping server closed the session in order")
+    # The server lives on (-P) and takes the next client.
+    s = connect(ip, port)
+    s.sendall(request())
+    flags, rev, pd = read_reply(s)
+    print("2. next client -> reply flags 0x%02x rev %d" % (flags, rev))
+    if flags & FLAG_REJECT:
+        fail("the next client was rejected")
+    s.shutdown(socket.SHUT_WR)
+    closed_in_order(s)
+    s.close()
+    print("ok: rping strangers")
+
+
 def main():
     ip, port = sys.argv[1], int(sys.argv[2])
+    if "--rping" in sys.argv[3:]:
+        return rping_out_of_order(ip, port)
 
     # 1. No private data: an MPA reject with the reason, then a FIN.
     s = connect(ip, port)
