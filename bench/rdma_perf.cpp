@@ -19,7 +19,7 @@
 #include "bench/perf/options.hpp"
 #include "bench/perf/session.hpp"
 #include "bench/perf/stats.hpp"
-#include "tests/support/processes.hpp"
+#include "base/processes.hpp"
 #include "tests/support/tcp_roles.hpp"
 
 using namespace softrdma;
@@ -61,9 +61,9 @@ int run_local(const Options& o, double tpu) {
     }
     // A child ends with its parent (killed by a caller's timeout): no orphan keeps polling a core.
     auto orphan_guard = [] { ::prctl(PR_SET_PDEATHSIG, SIGTERM); };
-    const auto out = test::run_roles({{"server", [&, s = server] { orphan_guard(); return run_server(s, o, tpu); }},
-                                      {"client", [&, c = client] { orphan_guard(); return run_client(c, o, tpu); }, 200ms}},
-                                     std::chrono::seconds(o.deadline_s));
+    const auto out = procs::run({{"server", [&, s = server] { orphan_guard(); return run_server(s, o, tpu); }},
+                                 {"client", [&, c = client] { orphan_guard(); return run_client(c, o, tpu); }, 200ms}},
+                                {.timeout = std::chrono::seconds(o.deadline_s)});
     int rc = 0;
     for (const auto& r : out) {
         if (r.exit_code == 0) continue;

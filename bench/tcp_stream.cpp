@@ -64,7 +64,8 @@ int main(int argc, char** argv) {
         std::vector<double> mbps;
         for (unsigned r = 0; r < runs; ++r) {
             auto [server, client] = memif_pair(static_cast<std::uint16_t>(mtu));
-            server.stack.idle_turns_before_yield = client.stack.idle_turns_before_yield = yield_after;
+            server.stack.idle = client.stack.idle =
+                yield_after == 0 ? IdlePolicy::spin_only() : IdlePolicy{.spin_turns = yield_after};
             if (no_huge) server.eal.hugepages = client.eal.hugepages = io::Hugepages::off;
             const std::uint64_t bytes = (mib << 20) / connections;
             const auto out = run_roles({{"receiver", [&] { return stream_server(server, bytes, connections); }},

@@ -18,8 +18,8 @@
 #include <optional>
 #include <span>
 
-#include "ddp/wire.hpp"
-#include "mpa/term_code.hpp"
+#include "base/byteorder.hpp"
+#include "base/term_code.hpp"
 
 namespace softrdma::ddp {
 

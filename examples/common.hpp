@@ -30,6 +30,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include "base/idle.hpp"
+#include "base/processes.hpp"
 #include "io/eal.hpp"
 #include "verbs/verbs.hpp"
 
@@ -142,18 +144,18 @@ inline softrdma::stack::Ipv4 peer_address(const NetOptions& o) {
 }
 
 // ---- bounded waits -------------------------------------------------------------------------------------
-// One turn of the polling loop (Context::poll: RX, protocol, TX), with the examples' idle policy: with one
-// thread per process (run to completion) each process has a core and spins. With an RX thread, that thread
-// needs a core too and this machine may have fewer cores than busy threads, so after 64 turns that received
-// nothing the turn also yields the core. `idle` counts idle turns (the caller's, starting at 0). Returns the
-// frames received.
-inline unsigned poll_turn(verbs::Context& ctx, unsigned& idle) noexcept {
+// The examples' idle policy: with one thread per process (run to completion) each process has a core and
+// spins. With an RX thread, that thread needs a core too and this machine may have fewer cores than busy
+// threads, so after 64 turns that received nothing a turn also yields the core.
+inline softrdma::IdlePolicy idle_policy(const verbs::Context& ctx) {
+    return ctx.threading_mode() == softrdma::threading::Mode::rx_thread ? softrdma::IdlePolicy{.spin_turns = 64}
+                                                                        : softrdma::IdlePolicy::spin_only();
+}
+
+// One turn of the polling loop (Context::poll: RX, protocol, TX) under that policy. Returns the frames received.
+inline unsigned poll_turn(verbs::Context& ctx, softrdma::Idler& idle) noexcept {
     const unsigned frames = ctx.poll();
-    if (frames != 0) {
-        idle = 0;
-    } else if (++idle > 64 && ctx.threading_mode() == softrdma::threading::Mode::rx_thread) {
-        std::this_thread::yield();
-    }
+    idle.after(frames != 0);
     return frames;
 }
 
@@ -162,7 +164,7 @@ inline unsigned poll_turn(verbs::Context& ctx, unsigned& idle) noexcept {
 // exception reaches the caller.
 template <class Done>
 bool poll_until(verbs::Context& ctx, Done&& done, Clock::time_point deadline) {
-    unsigned idle = 0;
+    softrdma::Idler idle(idle_policy(ctx));
     for (unsigned turn = 0;; ++turn) {
         if (done()) return true;
         if ((turn & 63) == 0 && Clock::now() >= deadline) return done();
@@ -378,72 +380,27 @@ inline int run_local(NetOptions net, const std::function<int(const NetOptions&)>
     const std::string dir = ::access("/run", W_OK) == 0 ? "/run" : "/tmp";
     net.memif_socket = dir + "/softrdma-example-" + std::to_string(::getpid()) + ".sock";
     const bool two_cores = std::thread::hardware_concurrency() >= 2;
-
-    struct Child {
-        const char* name;
-        pid_t pid;
-        int status;
-        bool done;
-    };
-    Child kids[2] = {{"server", -1, 0, false}, {"client", -1, 0, false}};
-    for (int k = 0; k < 2; ++k) {
+    auto end = [&](Role r, const char* core) {
         NetOptions mine = net;
-        mine.role = k == 0 ? Role::server : Role::client;
+        mine.role = r;
         mine.local_child = true;
-        mine.lcores = k == 0 || !two_cores ? "0" : "1";
-        if (k == 1) std::this_thread::sleep_for(200ms);  // the memif server creates the socket first
-        std::fflush(nullptr);  // or the child prints the parent's unwritten output again
-        const pid_t pid = ::fork();
-        if (pid < 0) {
-            std::perror("fork");
-            return 1;
-        }
-        if (pid == 0) {
-            std::setvbuf(stdout, nullptr, _IOLBF, 0);  // lines of both ends appear in the order written
-            int rc = 1;
-            try {
-                rc = (k == 0 ? server : client)(mine);
-            } catch (const std::exception& e) {
-                std::fprintf(stderr, "%s: %s\n", kids[k].name, e.what());
-            }
-            std::fflush(nullptr);
-            ::_exit(rc);  // no atexit handlers of the parent's objects
-        }
-        kids[k].pid = pid;
-    }
-
-    const auto deadline = Clock::now() + std::chrono::seconds(net.timeout_s + 15);
-    std::optional<Clock::time_point> failed_at;
-    int left = 2;
-    while (left > 0) {
-        for (auto& c : kids) {
-            if (c.done || ::waitpid(c.pid, &c.status, WNOHANG) != c.pid) continue;
-            c.done = true;
-            --left;
-            if (!(WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0) && !failed_at) failed_at = Clock::now();
-        }
-        const auto now = Clock::now();
-        if (left > 0 && (now >= deadline || (failed_at && now >= *failed_at + 5s))) {
-            for (auto& c : kids) {
-                if (c.done) continue;
-                std::fprintf(stderr, "%s: still running %s; killed\n", c.name,
-                             now >= deadline ? "at the time limit" : "5 s after its peer failed");
-                ::kill(c.pid, SIGKILL);
-                ::waitpid(c.pid, &c.status, 0);
-                c.done = true;
-                --left;
-            }
-        }
-        std::this_thread::sleep_for(10ms);
-    }
+        mine.lcores = core;
+        return mine;
+    };
+    const NetOptions s = end(Role::server, "0"), c = end(Role::client, two_cores ? "1" : "0");
+    // The memif server creates the socket first; a failing end prints its own error (echo_exceptions).
+    const auto out = softrdma::procs::run({{"server", [&] { return server(s); }},
+                                           {"client", [&] { return client(c); }, 200ms}},
+                                          {.timeout = std::chrono::seconds(net.timeout_s + 15),
+                                           .grace_after_failure = 5s,
+                                           .echo_exceptions = true});
     ::unlink(net.memif_socket.c_str());
     int rc = 0;
-    for (const auto& c : kids) {
-        if (WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0) continue;
-        if (WIFSIGNALED(c.status))
-            std::fprintf(stderr, "%s ended by signal %d\n", c.name, WTERMSIG(c.status));
-        else
-            std::fprintf(stderr, "%s exited with %d\n", c.name, WEXITSTATUS(c.status));
+    for (const auto& o : out) {
+        if (o.exit_code == 0) continue;
+        if (o.timed_out) std::fprintf(stderr, "%s: still running at the time limit or 5 s after its peer failed; killed\n", o.name.c_str());
+        else if (o.exit_code > 128) std::fprintf(stderr, "%s ended by signal %d\n", o.name.c_str(), o.exit_code - 128);
+        else std::fprintf(stderr, "%s exited with %d\n", o.name.c_str(), o.exit_code);
         rc = 1;
     }
     return rc;

@@ -110,7 +110,7 @@ int server(const NetOptions& net) {
         bool disconnected = false;
         std::array<verbs::WorkCompletion, 8> wcs;
         auto last_progress = Clock::now();
-        unsigned idle = 0;
+        softrdma::Idler idle(idle_policy(*ctx));
         try {
             while (!disconnected) {
                 poll_turn(*ctx, idle);

@@ -171,15 +171,15 @@ int server(const NetOptions& net) {
         // Then the client READs as it likes; we keep polling (that is what answers READs) until it disconnects,
         // or until nothing has arrived for the time limit.
         auto last = Clock::now();
-        unsigned idle = 0;
-        for (;;) {
+        softrdma::Idler idle(idle_policy(*e.ctx));
+        for (unsigned turn = 1;; ++turn) {
             if (poll_turn(*e.ctx, idle) != 0) last = Clock::now();
             e.reap();
             if (auto ev = take_event(*e.ctx, e.id.get(), kServer)) {
                 if (ev->type == verbs::CmEventType::disconnected) break;
                 throw std::runtime_error(std::string("CM event ") + verbs::to_string(ev->type));
             }
-            if (idle > 0 && (idle & 1023) == 0 && Clock::now() - last > limit)
+            if ((turn & 1023) == 0 && Clock::now() - last > limit)
                 throw std::runtime_error("nothing from the client for " + std::to_string(net.timeout_s) + " s");
         }
     } catch (...) {

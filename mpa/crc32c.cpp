@@ -5,7 +5,7 @@
 #include <array>
 #include <cstring>
 
-#include "mpa/wire.hpp"
+#include "base/byteorder.hpp"
 
 #if defined(__x86_64__)
 #include <nmmintrin.h>
@@ -93,8 +93,8 @@ inline std::uint64_t load64(const std::byte* p) {
 
 std::uint32_t sw_update(std::uint32_t crc, const std::byte* p, std::size_t n) noexcept {
     while (n >= 8) {
-        const std::uint32_t lo = wire::get_le32(p) ^ crc;
-        const std::uint32_t hi = wire::get_le32(p + 4);
+        const std::uint32_t lo = get_le32(p) ^ crc;
+        const std::uint32_t hi = get_le32(p + 4);
         crc = kSlice8[7][lo & 0xffu] ^ kSlice8[6][(lo >> 8) & 0xffu] ^ kSlice8[5][(lo >> 16) & 0xffu] ^
               kSlice8[4][lo >> 24] ^ kSlice8[3][hi & 0xffu] ^ kSlice8[2][(hi >> 8) & 0xffu] ^
               kSlice8[1][(hi >> 16) & 0xffu] ^ kSlice8[0][hi >> 24];
@@ -232,8 +232,8 @@ std::uint32_t crc32c_copy(std::uint32_t state, std::byte* dst, const std::byte* 
     return impl().copy(state, dst, src, n);
 }
 
-void store_crc32c(std::byte* out, std::uint32_t crc) noexcept { wire::put_le32(out, crc); }
-std::uint32_t load_crc32c(const std::byte* in) noexcept { return wire::get_le32(in); }
+void store_crc32c(std::byte* out, std::uint32_t crc) noexcept { put_le32(out, crc); }
+std::uint32_t load_crc32c(const std::byte* in) noexcept { return get_le32(in); }
 
 const char* crc32c_impl_name() noexcept { return impl().name; }
 

@@ -29,8 +29,8 @@
 #include "mpa/crc32c.hpp"
 #include "mpa/errors.hpp"
 #include "mpa/fpdu.hpp"
-#include "mpa/term_code.hpp"
-#include "mpa/wire.hpp"
+#include "base/term_code.hpp"
+#include "base/byteorder.hpp"
 
 namespace softrdma::mpa {
 
@@ -132,7 +132,7 @@ private:
 
 template <UlpduHandler H>
 ProtoStatus Deframer<H>::on_control(H& h) {
-    const std::uint16_t ctrl = wire::get_be16(hdr());
+    const std::uint16_t ctrl = get_be16(hdr());
     const std::size_t hl = h.ulpdu_header_length(ctrl);
     if (hl == 0) {
         if (ProtoStatus st = h.on_ulpdu_header(std::span<const std::byte>(hdr(), 2), 0)) return fail(*st);
@@ -156,10 +156,10 @@ ProtoStatus Deframer<H>::feed(std::span<const std::byte> in, H& h) {
         // Anything unusual (a bad length or control word) falls through to the state machine below, which
         // reports it exactly as for a cut stream.
         if (!markers_ && state_ == State::length && len_got_ == 0 && n >= kLengthFieldSize) {
-            const std::uint16_t ulen = wire::get_be16(p);
+            const std::uint16_t ulen = get_be16(p);
             const std::size_t pad = pad_length(ulen);
             const std::size_t total = kLengthFieldSize + ulen + pad + kCrcFieldSize;
-            const std::size_t hl = ulen >= 2 && n >= total ? h.ulpdu_header_length(wire::get_be16(p + 2)) : 0;
+            const std::size_t hl = ulen >= 2 && n >= total ? h.ulpdu_header_length(get_be16(p + 2)) : 0;
             if (hl >= 2 && hl <= kMaxUlpduHeader && hl <= ulen) {
                 std::uint32_t c = kCrc32cInit;
                 if (crc_on_) c = crc32c_update(c, p, kLengthFieldSize + hl);
@@ -202,7 +202,7 @@ ProtoStatus Deframer<H>::feed(std::span<const std::byte> in, H& h) {
             if (marker_got_ < kMarkerSize) break;
             marker_got_ = 0;
             // FPDUPTR: octets back from the Marker to its FPDU's first octet; the low 2 bits count as 0.
-            const std::uint16_t fpduptr = wire::get_be16(marker_buf_.data() + 2) & 0xfffcu;
+            const std::uint16_t fpduptr = get_be16(marker_buf_.data() + 2) & 0xfffcu;
             const auto expected = static_cast<std::uint16_t>(next_marker_ - fpdu_start_);
             if (fpduptr != expected) return fail(kTermMarker);
             next_marker_ += kMarkerInterval;
@@ -221,7 +221,7 @@ ProtoStatus Deframer<H>::feed(std::span<const std::byte> in, H& h) {
             n -= k;
             pos_ += k;
             if (len_got_ < kLengthFieldSize) break;
-            ulpdu_len_ = wire::get_be16(head_.data());
+            ulpdu_len_ = get_be16(head_.data());
             if (ulpdu_len_ < 2) return fail(kTermBadUlpduLength);  // no room for the DDP control word
             pad_ = pad_length(ulpdu_len_);
             hdr_len_ = 2;

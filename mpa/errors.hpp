@@ -8,7 +8,7 @@
 
 #include <cstdint>
 
-#include "mpa/term_code.hpp"
+#include "base/term_code.hpp"
 
 namespace softrdma::mpa {
 

@@ -5,7 +5,7 @@
 #include <cstring>
 
 #include "mpa/crc32c.hpp"
-#include "mpa/wire.hpp"
+#include "base/byteorder.hpp"
 
 namespace softrdma::mpa {
 namespace {
@@ -21,8 +21,8 @@ struct Emitter {
 
     void marker_if_due() {
         if (!markers || pos % kMarkerInterval != 0) return;
-        wire::put_be16(out, 0);
-        wire::put_be16(out + 2, static_cast<std::uint16_t>(pos - fpdu_start));  // FPDUPTR, RFC 5044 s4.3
+        put_be16(out, 0);
+        put_be16(out + 2, static_cast<std::uint16_t>(pos - fpdu_start));  // FPDUPTR, RFC 5044 s4.3
         if (crc_on) crc = crc32c_update(crc, out, kMarkerSize);
         out += kMarkerSize;
         pos += kMarkerSize;
@@ -86,7 +86,7 @@ std::size_t FpduTx::write(std::span<std::byte> out, std::span<const std::byte> u
 
     Emitter e{out.data(), pos_, pos_, markers_, crc_};
     std::byte len_field[kLengthFieldSize];
-    wire::put_be16(len_field, static_cast<std::uint16_t>(ulpdu_len));
+    put_be16(len_field, static_cast<std::uint16_t>(ulpdu_len));
     e.put(len_field, sizeof len_field);
     e.put(ulpdu_header.data(), ulpdu_header.size());
     for (const auto& piece : payload) e.put(piece.data(), piece.size());

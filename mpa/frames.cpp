@@ -5,7 +5,7 @@
 #include <cstring>
 
 #include "mpa/errors.hpp"
-#include "mpa/wire.hpp"
+#include "base/byteorder.hpp"
 
 namespace softrdma::mpa {
 namespace {
@@ -27,12 +27,12 @@ void encode_ird_ord(std::span<std::byte, kIrdOrdSize> out, const IrdOrd& v) {
     if (v.send_rtr) ird |= kIrdSendRtr;
     if (v.write_rtr) ord |= kOrdWriteRtr;
     if (v.read_rtr) ord |= kOrdReadRtr;
-    wire::put_be16(out.data(), ird);
-    wire::put_be16(out.data() + 2, ord);
+    put_be16(out.data(), ird);
+    put_be16(out.data() + 2, ord);
 }
 
 IrdOrd decode_ird_ord(std::span<const std::byte, kIrdOrdSize> in) {
-    const std::uint16_t ird = wire::get_be16(in.data()), ord = wire::get_be16(in.data() + 2);
+    const std::uint16_t ird = get_be16(in.data()), ord = get_be16(in.data() + 2);
     IrdOrd v;
     v.ird = ird & kIrdOrdMask;
     v.ord = ord & kIrdOrdMask;
@@ -62,7 +62,7 @@ std::size_t encode_frame(std::span<std::byte> out, const FrameParams& p) {
     if (p.ird_ord) flags |= kFlagEnhanced;
     out[16] = static_cast<std::byte>(flags);
     out[17] = static_cast<std::byte>(p.revision);
-    wire::put_be16(out.data() + 18, static_cast<std::uint16_t>(n - kFrameHeaderSize));
+    put_be16(out.data() + 18, static_cast<std::uint16_t>(n - kFrameHeaderSize));
     std::size_t off = kFrameHeaderSize;
     if (p.ird_ord) {
         encode_ird_ord(std::span<std::byte, kIrdOrdSize>(out.data() + off, kIrdOrdSize), *p.ird_ord);
@@ -109,7 +109,7 @@ FrameDecoder::Result FrameDecoder::feed(std::span<const std::byte> in) {
         frame_.reject = (flags & kFlagReject) != 0;
         frame_.reserved_flags = flags & kFlagsReserved;
         frame_.revision = std::to_integer<std::uint8_t>(hdr_[17]);
-        frame_.pd_length = wire::get_be16(hdr_.data() + 18);
+        frame_.pd_length = get_be16(hdr_.data() + 18);
         frame_.enhanced = frame_.revision == 2 && (flags & kFlagEnhanced) != 0;
         if (frame_.pd_length > kMaxPrivateDataReceived) {
             r.consumed = i;

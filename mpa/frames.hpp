@@ -16,7 +16,7 @@
 #include <cstdint>
 #include <span>
 
-#include "mpa/term_code.hpp"
+#include "base/term_code.hpp"
 
 namespace softrdma::mpa {
 

@@ -48,7 +48,7 @@
 #include "mpa/errors.hpp"
 #include "mpa/fpdu.hpp"
 #include "mpa/frames.hpp"
-#include "mpa/term_code.hpp"
+#include "base/term_code.hpp"
 
 namespace softrdma::mpa {
 

@@ -6,9 +6,9 @@
 #include <cstring>
 
 #include "ddp/segment.hpp"
-#include "ddp/wire.hpp"
+#include "base/byteorder.hpp"
 #include "mpa/crc32c.hpp"
-#include "rdmap/cycles.hpp"
+#include "base/cycles.hpp"
 
 namespace softrdma::rdmap {
 
@@ -31,7 +31,7 @@ struct Attach {
 
 Attach attach_rule(TermCode c, std::span<const std::byte> hdr) {
     if (hdr.size() < 2) return {};
-    const bool tagged = ddp::ctrl_tagged(ddp::load_be16(hdr, 0));
+    const bool tagged = ddp::ctrl_tagged(load_be16(hdr, 0));
     const std::size_t ddp_len = std::min(hdr.size(), tagged ? ddp::kTaggedHeaderLen : ddp::kUntaggedHeaderLen);
     switch (c.layer) {
     case TermLayer::llp:
@@ -44,7 +44,7 @@ Attach attach_rule(TermCode c, std::span<const std::byte> hdr) {
         if (c.etype == err::kEtypeProtection) {
             // The whole offending header; R only when it is an RDMA Read Request's (RFC 5040 section 4.8: "RDMA
             // Read Request Header Included"): a WRITE's or an atomic's header is attached with R clear.
-            const bool read_request = !tagged && ctrl_opcode(ddp::load_be16(hdr, 0)) ==
+            const bool read_request = !tagged && ctrl_opcode(load_be16(hdr, 0)) ==
                                                      static_cast<std::uint8_t>(Opcode::read_request);
             return {true, true, read_request, hdr.size()};
         }
@@ -87,7 +87,7 @@ TermCode Endpoint::fail(TermCode cause, std::span<const std::byte> hdr, std::siz
     if (state_ == State::error) return error_.value_or(cause);
     if (held_recv_) deliver_held();  // that SEND arrived whole before the error
     state_ = State::error;
-    const bool tagged_msg = hdr.size() >= 2 && ddp::ctrl_tagged(ddp::load_be16(hdr, 0));
+    const bool tagged_msg = hdr.size() >= 2 && ddp::ctrl_tagged(load_be16(hdr, 0));
     const TermCode code = cfg_.opaque_access_errors ? opaque_access_error(cause, tagged_msg) : cause;
     error_ = code;
 
@@ -101,7 +101,7 @@ TermCode Endpoint::fail(TermCode cause, std::span<const std::byte> hdr, std::siz
     th.encode(t);
     std::size_t len = kTerminateLen;
     if (a.hdr_bytes > 0) {
-        ddp::store_be16(t, len, static_cast<std::uint16_t>(std::min<std::size_t>(seg_len, 0xFFFF)));
+        store_be16(t, len, static_cast<std::uint16_t>(std::min<std::size_t>(seg_len, 0xFFFF)));
         len += 2;
         std::memcpy(t.data() + len, hdr.data(), a.hdr_bytes);
         len += a.hdr_bytes;
@@ -502,7 +502,7 @@ ProtoStatus Endpoint::rx_header(std::span<const std::byte> hdr, std::size_t payl
     rx_.got = 0;
     rx_.access = Access::remote_write;
     if (hdr.size() < 2) return fail(ddp::err::local_catastrophic, {}, 0);
-    const std::uint16_t ctrl = ddp::load_be16(hdr, 0);
+    const std::uint16_t ctrl = load_be16(hdr, 0);
     // DDP first (RFC 5041 section 7.2), then RDMAP (RFC 5040 section 7.2): versions, then the opcode.
     if (const ProtoStatus e = ddp::check_ddp_ctrl(ctrl)) return fail(*e, {}, 0);
     if (ctrl_rdmap_version(ctrl) != kRdmapVersion) return fail(err::o_version, {}, 0);

@@ -24,7 +24,7 @@
 
 #include "ddp/header.hpp"
 #include "ddp/reassembly.hpp"
-#include "mpa/term_code.hpp"
+#include "base/term_code.hpp"
 #include "rdmap/framer.hpp"
 #include "rdmap/messages.hpp"
 #include "rdmap/opcode.hpp"

@@ -11,8 +11,8 @@
 #include <span>
 
 #include "ddp/header.hpp"
-#include "ddp/wire.hpp"
-#include "mpa/term_code.hpp"
+#include "base/byteorder.hpp"
+#include "base/term_code.hpp"
 
 namespace softrdma::rdmap {
 
@@ -90,15 +90,15 @@ struct ReadRequest {
     std::uint64_t src_to{0};
 
     void encode(std::span<std::byte> out) const {  // out: the whole header, >= kReadRequestLen bytes
-        ddp::store_be32(out, 18, sink_stag);
-        ddp::store_be64(out, 22, sink_to);
-        ddp::store_be32(out, 30, size);
-        ddp::store_be32(out, 34, src_stag);
-        ddp::store_be64(out, 38, src_to);
+        store_be32(out, 18, sink_stag);
+        store_be64(out, 22, sink_to);
+        store_be32(out, 30, size);
+        store_be32(out, 34, src_stag);
+        store_be64(out, 38, src_to);
     }
     static ReadRequest decode(std::span<const std::byte> in) {  // in: >= kReadRequestLen bytes
-        return ReadRequest{ddp::load_be32(in, 18), ddp::load_be64(in, 22), ddp::load_be32(in, 30),
-                           ddp::load_be32(in, 34), ddp::load_be64(in, 38)};
+        return ReadRequest{load_be32(in, 18), load_be64(in, 22), load_be32(in, 30),
+                           load_be32(in, 34), load_be64(in, 38)};
     }
     friend bool operator==(const ReadRequest&, const ReadRequest&) = default;
 };
@@ -123,9 +123,9 @@ struct TerminateHeader {
                (std::uint32_t{code.etype} & 0xF) << 24 | std::uint32_t{code.ecode} << 16 | (m ? kTermFlagM : 0) |
                (d ? kTermFlagD : 0) | (r ? kTermFlagR : 0);
     }
-    void encode(std::span<std::byte> out) const { ddp::store_be32(out, 18, word()); }
+    void encode(std::span<std::byte> out) const { store_be32(out, 18, word()); }
     static TerminateHeader decode(std::span<const std::byte> in) {  // in: >= kTerminateLen bytes
-        const std::uint32_t w = ddp::load_be32(in, 18);
+        const std::uint32_t w = load_be32(in, 18);
         return TerminateHeader{TermCode{static_cast<TermLayer>(w >> 28), static_cast<std::uint8_t>((w >> 24) & 0xF),
                                         static_cast<std::uint8_t>(w >> 16)},
                                (w & kTermFlagM) != 0, (w & kTermFlagD) != 0, (w & kTermFlagR) != 0};
@@ -134,8 +134,8 @@ struct TerminateHeader {
 };
 
 // ---- Immediate Data header (RFC 7306 section 4): 8 bytes of data right after the untagged header ---------
-inline void encode_imm(std::span<std::byte> out, std::uint64_t imm) { ddp::store_be64(out, 18, imm); }
-inline std::uint64_t decode_imm(std::span<const std::byte> in) { return ddp::load_be64(in, 18); }
+inline void encode_imm(std::span<std::byte> out, std::uint64_t imm) { store_be64(out, 18, imm); }
+inline std::uint64_t decode_imm(std::span<const std::byte> in) { return load_be64(in, 18); }
 
 // ---- Atomic Request / Response (RFC 7306 section 3) ---------------------------------------------------------
 enum class AtomicOp : std::uint8_t { fetch_add = 0, swap = 1, cmp_swap = 2 };  // low 4 bits of the first word
@@ -152,20 +152,20 @@ struct AtomicRequest {
     std::uint64_t compare_mask{0};
 
     void encode(std::span<std::byte> out) const {
-        ddp::store_be32(out, 18, op & kAtomicOpMask);
-        ddp::store_be32(out, 22, req_id);
-        ddp::store_be32(out, 26, stag);
-        ddp::store_be64(out, 30, to);
-        ddp::store_be64(out, 38, add_swap);
-        ddp::store_be64(out, 46, add_swap_mask);
-        ddp::store_be64(out, 54, compare);
-        ddp::store_be64(out, 62, compare_mask);
+        store_be32(out, 18, op & kAtomicOpMask);
+        store_be32(out, 22, req_id);
+        store_be32(out, 26, stag);
+        store_be64(out, 30, to);
+        store_be64(out, 38, add_swap);
+        store_be64(out, 46, add_swap_mask);
+        store_be64(out, 54, compare);
+        store_be64(out, 62, compare_mask);
     }
     static AtomicRequest decode(std::span<const std::byte> in) {  // in: >= kAtomicRequestLen bytes
-        return AtomicRequest{static_cast<std::uint8_t>(ddp::load_be32(in, 18) & kAtomicOpMask),
-                             ddp::load_be32(in, 22), ddp::load_be32(in, 26), ddp::load_be64(in, 30),
-                             ddp::load_be64(in, 38), ddp::load_be64(in, 46), ddp::load_be64(in, 54),
-                             ddp::load_be64(in, 62)};
+        return AtomicRequest{static_cast<std::uint8_t>(load_be32(in, 18) & kAtomicOpMask),
+                             load_be32(in, 22), load_be32(in, 26), load_be64(in, 30),
+                             load_be64(in, 38), load_be64(in, 46), load_be64(in, 54),
+                             load_be64(in, 62)};
     }
     friend bool operator==(const AtomicRequest&, const AtomicRequest&) = default;
 };
@@ -202,11 +202,11 @@ struct AtomicResponse {
     std::uint64_t original{0};  // Original Remote Data Value
 
     void encode(std::span<std::byte> out) const {
-        ddp::store_be32(out, 18, req_id);
-        ddp::store_be64(out, 22, original);
+        store_be32(out, 18, req_id);
+        store_be64(out, 22, original);
     }
     static AtomicResponse decode(std::span<const std::byte> in) {  // in: >= kAtomicResponseLen bytes
-        return AtomicResponse{ddp::load_be32(in, 18), ddp::load_be64(in, 22)};
+        return AtomicResponse{load_be32(in, 18), load_be64(in, 22)};
     }
     friend bool operator==(const AtomicResponse&, const AtomicResponse&) = default;
 };

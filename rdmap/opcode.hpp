@@ -12,7 +12,7 @@
 #include <string_view>
 
 #include "ddp/header.hpp"
-#include "mpa/term_code.hpp"
+#include "base/term_code.hpp"
 #include "rdmap/messages.hpp"
 
 namespace softrdma::rdmap {

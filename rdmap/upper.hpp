@@ -14,7 +14,7 @@
 #include <span>
 
 #include "ddp/header.hpp"
-#include "mpa/term_code.hpp"
+#include "base/term_code.hpp"
 #include "rdmap/messages.hpp"
 
 namespace softrdma::rdmap {

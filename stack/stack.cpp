@@ -13,8 +13,8 @@
 #include <rte_cycles.h>
 #include <spdlog/spdlog.h>
 
-#include "io/tsan.hpp"
-#include "rdmap/cycles.hpp"
+#include "base/tsan.hpp"
+#include "base/cycles.hpp"
 #include "stack/lwip_includes.hpp"
 
 namespace softrdma::stack {
@@ -138,7 +138,7 @@ signed char Stack::link_output(netif* nif, pbuf* p) {
         return ERR_IF;
     }
     rte_mbuf* m = self->port_.alloc();
-    io::wire_acquire(self->port_.pool());  // the mbuf may have been the RX thread's (see io/tsan.hpp)
+    wire_acquire(self->port_.pool());  // the mbuf may have been the RX thread's (see io/tsan.hpp)
     if (m == nullptr) {
         ++self->counters_.tx_dropped;
         return ERR_MEM;
@@ -161,17 +161,17 @@ signed char Stack::link_output(netif* nif, pbuf* p) {
 // polled meanwhile, so two peers with full rings still drain each other).
 void Stack::flush_tx() noexcept {
     if (!cfg_.count_cycles) return flush_tx_inner();
-    const std::uint64_t t0 = rdmap::cycles_now();
+    const std::uint64_t t0 = cycles_now();
     flush_tx_inner();
-    cycles_.total += rdmap::cycles_now() - t0;
+    cycles_.total += cycles_now() - t0;
 }
 
 void Stack::flush_tx_inner() noexcept {
-    if (tx_head_ != tx_tail_) io::wire_release(&port_);  // what we did before sending (see io/tsan.hpp)
+    if (tx_head_ != tx_tail_) wire_release(&port_);  // what we did before sending (see io/tsan.hpp)
     while (tx_head_ != tx_tail_) {
-        const std::uint64_t t0 = cfg_.count_cycles ? rdmap::cycles_now() : 0;
+        const std::uint64_t t0 = cfg_.count_cycles ? cycles_now() : 0;
         const unsigned sent = port_.tx_burst(std::span(tx_queue_ + tx_head_, std::min(tx_tail_ - tx_head_, 64u)));
-        if (cfg_.count_cycles) cycles_.io += rdmap::cycles_now() - t0;
+        if (cfg_.count_cycles) cycles_.io += cycles_now() - t0;
         if (sent == 0) {
             // A full ring waits for the next turn; a link that is down (the peer is gone) never takes them:
             // drop what is queued rather than hold mbufs for it (TCP resends if the link comes back).
@@ -285,15 +285,15 @@ void Stack::input_external(std::byte* data, std::uint32_t len, ReleaseFn release
 
 unsigned Stack::poll() noexcept {
     assert_owner();
-    const std::uint64_t t_start = cfg_.count_cycles ? rdmap::cycles_now() : 0;
+    const std::uint64_t t_start = cfg_.count_cycles ? cycles_now() : 0;
     // Drain up to 4 bursts per turn: the peer's ring empties faster than one burst per turn of ours.
     constexpr unsigned kBurst = 32;
     rte_mbuf* burst[kBurst];
     unsigned n = 0;
     for (unsigned b = 0; b < 4 && !cfg_.rx_external; ++b) {
-        const std::uint64_t t0 = cfg_.count_cycles ? rdmap::cycles_now() : 0;
+        const std::uint64_t t0 = cfg_.count_cycles ? cycles_now() : 0;
         const unsigned got = port_.rx_burst(std::span(burst, kBurst));
-        if (cfg_.count_cycles) cycles_.io += rdmap::cycles_now() - t0;
+        if (cfg_.count_cycles) cycles_.io += cycles_now() - t0;
         for (unsigned i = 0; i < got; ++i) input(burst[i]);
         n += got;
         if (got < kBurst) break;
@@ -305,23 +305,19 @@ unsigned Stack::poll() noexcept {
         sys_check_timeouts();
     }
     flush_tx_inner();
-    if (cfg_.count_cycles) cycles_.total += rdmap::cycles_now() - t_start;
+    if (cfg_.count_cycles) cycles_.total += cycles_now() - t_start;
     return n;
 }
 
 bool Stack::run_until(const std::function<bool()>& done, std::chrono::milliseconds timeout) {
     const auto deadline = std::chrono::steady_clock::now() + timeout;
-    unsigned idle = 0;
+    Idler idle(cfg_.idle);
     for (std::uint64_t turn = 0;; ++turn) {
         if (done()) return true;
         const std::uint64_t sent_before = counters_.tx_frames;
         // Idle = nothing received and nothing sent this turn (the caller's done() may be the one working).
-        if (poll() == 0 && counters_.tx_frames == sent_before) {
-            if (cfg_.idle_turns_before_yield != 0 && ++idle > cfg_.idle_turns_before_yield)
-                sched_yield();  // let a peer on the same core run
-        } else {
-            idle = 0;
-        }
+        const bool received = poll() != 0;
+        idle.after(received || counters_.tx_frames != sent_before);
         if ((turn & 255) == 0 && std::chrono::steady_clock::now() >= deadline) return done();
     }
 }

@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "base/idle.hpp"
 #include "io/port.hpp"
 
 struct netif;
@@ -36,10 +37,10 @@ struct StackConfig {
     Ipv4 address = Ipv4::parse("198.18.0.1");  // RFC 2544 benchmarking range: never routed anywhere
     Ipv4 netmask = Ipv4::parse("255.255.255.0");
     Ipv4 gateway{};
-    // Idle policy of run_until(): after this many turns with nothing received or sent, yield the core
-    // (sched_yield) on each further idle turn; 0 = spin only. Yielding lets two busy processes share a
-    // small machine; spinning gives the lowest latency when each has its own core.
-    unsigned idle_turns_before_yield = 256;
+    // Idle policy of run_until() (a turn with nothing received or sent is idle): spin 256 turns, then yield
+    // the core on each further idle turn. Yielding lets two busy processes share a small machine; spinning
+    // (IdlePolicy::spin_only()) gives the lowest latency when each has its own core.
+    IdlePolicy idle{};
     // true: poll() does not read the port; frames arrive through input_external() (the RX thread's copies),
     // and TCP/IP checksums are still checked by lwIP.
     bool rx_external = false;

@@ -4,6 +4,8 @@
 
 #include <chrono>
 
+#include "base/idle.hpp"
+
 namespace softrdma::threading {
 
 enum class Mode {
@@ -16,15 +18,7 @@ enum class Mode {
     rx_thread,
 };
 
-// What a polling thread does when it finds nothing to do.
-struct IdlePolicy {
-    enum class Then { spin, yield, sleep };
-    // Idle turns spent spinning before `then` applies (0 = apply at once).
-    unsigned spin_turns = 256;
-    Then then = Then::yield;
-    // Sleep length for Then::sleep (the latency cost of waking from idle).
-    std::chrono::microseconds sleep{20};
-};
+using softrdma::IdlePolicy;  // base/idle.hpp
 
 struct ThreadingConfig {
     Mode mode = Mode::run_to_completion;
@@ -32,7 +26,7 @@ struct ThreadingConfig {
     int rx_core = -1;
     // Core to pin the application thread (the one opening the Context) to; -1 = leave it as it is.
     int app_core = -1;
-    IdlePolicy rx_idle{};
+    IdlePolicy rx_idle{};  // the RX thread when it finds no frame
     // Frame buffers between the RX thread and the application thread. Sizing rule: frames in flight on the
     // ring plus what lwIP may hold (its out-of-order queue, TCP_OOSEQ_MAX_PBUFS = 256) plus frames of
     // connections still negotiating MPA; 4096 leaves room for 1024 QPs with a few frames each.

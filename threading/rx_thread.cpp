@@ -12,7 +12,7 @@
 
 #include <rte_ip.h>
 
-#include "io/tsan.hpp"
+#include "base/tsan.hpp"
 
 namespace softrdma::threading {
 
@@ -392,7 +392,7 @@ void RxThread::wake() noexcept {
 void RxThread::run() noexcept {
     constexpr unsigned kBurst = 32;
     rte_mbuf* burst[kBurst];
-    unsigned idle = 0;
+    Idler idle(cfg_.rx_idle);
     while (!stop_.load(std::memory_order_acquire)) {
         epoch_.store(epoch_.load(std::memory_order_relaxed) + 1, std::memory_order_release);
         do_commands();
@@ -407,25 +407,16 @@ void RxThread::run() noexcept {
             // Commands queued before these frames arrived (a handover pushed before our MPA reply went out)
             // must apply to them.
             if (got != 0) {
-                io::wire_acquire(&port_);  // the peer answered what the application sent (see io/tsan.hpp)
+                wire_acquire(&port_);  // the peer answered what the application sent (see io/tsan.hpp)
                 do_commands();
             }
             for (unsigned i = 0; i < got; ++i) process(burst[i]);
             if (got != 0) {
-                io::wire_release(port_.pool());  // mbufs freed here go to the application's allocs
+                wire_release(port_.pool());  // mbufs freed here go to the application's allocs
                 wake();
             }
         }
-        if (got != 0) {
-            idle = 0;
-            continue;
-        }
-        if (++idle <= cfg_.rx_idle.spin_turns) continue;
-        switch (cfg_.rx_idle.then) {
-        case IdlePolicy::Then::spin: break;
-        case IdlePolicy::Then::yield: sched_yield(); break;
-        case IdlePolicy::Then::sleep: std::this_thread::sleep_for(cfg_.rx_idle.sleep); break;
-        }
+        idle.after(got != 0);
     }
 }
 

@@ -11,7 +11,7 @@
 
 #include "stack/tcp.hpp"
 #include "threading/rx_thread.hpp"
-#include "rdmap/cycles.hpp"
+#include "base/cycles.hpp"
 
 #include <rte_cycles.h>
 #include <cstdio>
@@ -381,13 +381,13 @@ unsigned Context::poll() noexcept {
         const stack::StackCycles st = stack_->cycles();
         const Prof pr = prof_;
         const std::uint64_t sent = stack_->counters().tx_frames;
-        const std::uint64_t t0 = rdmap::cycles_now();
+        const std::uint64_t t0 = cycles_now();
         const unsigned frames = poll_turn();
         if (frames == 0 && stack_->counters().tx_frames == sent) {
             stack_->rewind_cycles(st);
             prof_ = pr;
         } else {
-            prof_.poll += rdmap::cycles_now() - t0;
+            prof_.poll += cycles_now() - t0;
         }
         return frames;
     }
@@ -453,16 +453,11 @@ unsigned Context::poll_turn() noexcept {
 
 bool Context::run_until(const std::function<bool()>& done, std::chrono::milliseconds timeout) {
     const auto deadline = std::chrono::steady_clock::now() + timeout;
-    unsigned idle = 0;
+    Idler idle(cfg_.idle);
     for (;;) {
         if (done()) return true;
         if (std::chrono::steady_clock::now() >= deadline) return false;
-        // Idle policy: spin, then yield after a run of idle turns (two processes may share the cores).
-        if (poll() == 0 && ++idle > 64) {
-            std::this_thread::yield();
-        } else {
-            idle = 0;
-        }
+        idle.after(poll() != 0);
     }
 }
 

@@ -5,7 +5,7 @@
 #include <cstring>
 
 #include "mpa/errors.hpp"
-#include "rdmap/cycles.hpp"
+#include "base/cycles.hpp"
 #include "rdmap/stream.hpp"
 #include "stack/tcp.hpp"
 #include "verbs/verbs.hpp"
@@ -271,9 +271,9 @@ void QueuePair::complete_send(std::uint32_t slot, WcStatus st) noexcept {
 
 PostResult<SendWr> QueuePair::post_send(std::span<const SendWr> wrs) noexcept {
     if (ctx_.cfg_.layer_cycles) {
-        const std::uint64_t t0 = rdmap::cycles_now();
+        const std::uint64_t t0 = cycles_now();
         const PostResult<SendWr> r = post_send_inner(wrs);
-        ctx_.prof_.api += rdmap::cycles_now() - t0;
+        ctx_.prof_.api += cycles_now() - t0;
         return r;
     }
     return post_send_inner(wrs);
@@ -402,9 +402,9 @@ PostResult<SendWr> QueuePair::post_send_inner(std::span<const SendWr> wrs) noexc
 
 PostResult<RecvWr> QueuePair::post_recv(std::span<const RecvWr> wrs) noexcept {
     if (ctx_.cfg_.layer_cycles) {
-        const std::uint64_t t0 = rdmap::cycles_now();
+        const std::uint64_t t0 = cycles_now();
         const PostResult<RecvWr> r = post_recv_inner(wrs);
-        ctx_.prof_.api += rdmap::cycles_now() - t0;
+        ctx_.prof_.api += cycles_now() - t0;
         return r;
     }
     return post_recv_inner(wrs);
@@ -673,9 +673,9 @@ void QueuePair::rx_bytes(std::span<const std::byte> bytes) noexcept {
     }
     if (!rx_started_) note_rx_start();
     const std::uint64_t placed = ep_->placed_bytes();
-    const std::uint64_t t0 = ctx_.cfg_.layer_cycles ? rdmap::cycles_now() : 0;
+    const std::uint64_t t0 = ctx_.cfg_.layer_cycles ? cycles_now() : 0;
     rdmap::receive(*deframer_, *ep_, bytes);
-    if (ctx_.cfg_.layer_cycles) ctx_.prof_.proto_rx += rdmap::cycles_now() - t0;
+    if (ctx_.cfg_.layer_cycles) ctx_.prof_.proto_rx += cycles_now() - t0;
     ctx_.placed_bytes_.fetch_add(ep_->placed_bytes() - placed, std::memory_order_relaxed);
     if (ep_->tx_ready()) schedule_tx();  // READ/atomic responses, TERMINATE
 }
@@ -696,9 +696,9 @@ void QueuePair::tx_pump() noexcept {
     bool wrote = false;
     for (;;) {
         if (tx_len_ > 0) {
-            const std::uint64_t t0 = ctx_.cfg_.layer_cycles ? rdmap::cycles_now() : 0;
+            const std::uint64_t t0 = ctx_.cfg_.layer_cycles ? cycles_now() : 0;
             const std::size_t n = tcp.write(std::span<const std::byte>(tx_buf_).subspan(tx_off_, tx_len_));
-            if (ctx_.cfg_.layer_cycles) ctx_.prof_.lwip_tx += rdmap::cycles_now() - t0;
+            if (ctx_.cfg_.layer_cycles) ctx_.prof_.lwip_tx += cycles_now() - t0;
             tx_off_ += n;
             tx_len_ -= n;
             tx_written_ += n;
@@ -717,9 +717,9 @@ void QueuePair::tx_pump() noexcept {
             break;
         }
         const std::size_t room = std::min(tx_buf_.size(), tcp.send_space());
-        const std::uint64_t t0 = ctx_.cfg_.layer_cycles ? rdmap::cycles_now() : 0;
+        const std::uint64_t t0 = ctx_.cfg_.layer_cycles ? cycles_now() : 0;
         const std::size_t n = ep_->pull_tx(std::span<std::byte>(tx_buf_).first(room));
-        if (ctx_.cfg_.layer_cycles) ctx_.prof_.proto_tx += rdmap::cycles_now() - t0;
+        if (ctx_.cfg_.layer_cycles) ctx_.prof_.proto_tx += cycles_now() - t0;
         if (n == 0) {
             schedule_tx();  // the next FPDU does not fit the send buffer yet
             break;
@@ -728,9 +728,9 @@ void QueuePair::tx_pump() noexcept {
         tx_len_ = n;
     }
     if (wrote) {
-        const std::uint64_t t0 = ctx_.cfg_.layer_cycles ? rdmap::cycles_now() : 0;
+        const std::uint64_t t0 = ctx_.cfg_.layer_cycles ? cycles_now() : 0;
         tcp.flush();
-        if (ctx_.cfg_.layer_cycles) ctx_.prof_.lwip_tx += rdmap::cycles_now() - t0;
+        if (ctx_.cfg_.layer_cycles) ctx_.prof_.lwip_tx += cycles_now() - t0;
     }
     // In error: once the TERMINATE is out, the connection closes (the CM does it in its poll stage).
     if (state_ == QpState::err && !closing_ && tx_len_ == 0 && !ep_->tx_ready()) {

@@ -40,7 +40,7 @@
 
 #include "io/port.hpp"
 #include "mpa/negotiation.hpp"
-#include "mpa/term_code.hpp"
+#include "base/term_code.hpp"
 #include "rdmap/endpoint.hpp"
 #include "rdmap/stream.hpp"
 #include "stack/stack.hpp"
@@ -766,6 +766,9 @@ struct ContextConfig {
     // peer sees an orderly end even if the application stops polling right after its disconnected event.
     std::chrono::milliseconds close_linger{500};
     SecurityConfig security{};
+    // The application thread inside run_until() / wait_cm_event() / drain() when a turn receives nothing:
+    // spin 64 turns, then yield the core (two processes may share the cores).
+    IdlePolicy idle{.spin_turns = 64};
 };
 
 // Where the cycles of the data path went, by layer (ContextConfig::layer_cycles), since the Context opened.

@@ -34,7 +34,7 @@
 
 #include "cli.hpp"
 #include "io/port.hpp"
-#include "tests/support/processes.hpp"
+#include "base/processes.hpp"
 
 using namespace softrdma;
 using namespace std::chrono_literals;
@@ -140,7 +140,7 @@ int bouncer(const io::PortConfig& pc, const io::EalConfig& ec, unsigned timeout_
             if (++idle == 4096) {
                 idle = 0;
                 if (rte_rdtsc() > deadline) {
-                    softrdma::test::report("bouncer: deadline reached before quit");
+                    softrdma::procs::report("bouncer: deadline reached before quit");
                     return 1;
                 }
             }
@@ -233,7 +233,7 @@ int pinger(const io::PortConfig& pc, const io::EalConfig& ec, const Options& o) 
 
     for (const std::uint32_t size : o.sizes) {
         if (size > max_payload || size < kMinPayload) {
-            softrdma::test::report("skip lat " + std::to_string(size));
+            softrdma::procs::report("skip lat " + std::to_string(size));
             continue;
         }
         for (unsigned i = 0; i < o.warmup + o.iters; ++i) {
@@ -256,13 +256,13 @@ int pinger(const io::PortConfig& pc, const io::EalConfig& ec, const Options& o) 
         };
         char line[160];
         std::snprintf(line, sizeof line, "lat %u %u %.1f %.1f %.1f", size, o.iters, ns(0.0), ns(0.5), ns(0.99));
-        softrdma::test::report(line);
+        softrdma::procs::report(line);
     }
 
     std::array<rte_mbuf*, kBurst> burst{};
     for (const std::uint32_t size : o.stream_sizes) {
         if (size > max_payload || size < kMinPayload) {
-            softrdma::test::report("skip bw " + std::to_string(size));
+            softrdma::procs::report("skip bw " + std::to_string(size));
             continue;
         }
         for (unsigned r = 0; r < o.stream_reps; ++r) {
@@ -296,7 +296,7 @@ int pinger(const io::PortConfig& pc, const io::EalConfig& ec, const Options& o) 
                                          " frames");
             char line[160];
             std::snprintf(line, sizeof line, "bw %u %" PRIu64 " %" PRIu64 " %" PRIu64, size, h.frames, h.bytes, h.ns);
-            softrdma::test::report(line);
+            softrdma::procs::report(line);
         }  // repetitions: the parent reports their median (one descheduled stretch spoils one, not all)
     }
     rte_mbuf* q = make_frame(*port, peer, kMinPayload, quit, 0);
@@ -351,17 +351,17 @@ int main(int argc, char** argv) {
         }
     }
     spdlog::set_level(spdlog::level::warn);  // the children inherit it
-    const std::string socket = "/run/" + softrdma::test::unique_name("softrdma-floor-") + ".sock";
+    const std::string socket = "/run/" + softrdma::procs::unique_name("softrdma-floor-") + ".sock";
     io::PortConfig server = port_config(socket, true, o.mtu), client = port_config(socket, false, o.mtu);
     io::EalConfig es, ecl;
     es.lcores = "0";
     ecl.lcores = "1";
     if (o.no_huge) es.hugepages = ecl.hugepages = io::Hugepages::off;
     const pid_t parent = ::getpid();
-    const auto out = softrdma::test::run_roles(
+    const auto out = softrdma::procs::run(
         {{"bouncer", [&] { return die_with_parent(parent) ? bouncer(server, es, o.timeout_s) : 1; }},
          {"pinger", [&] { return die_with_parent(parent) ? pinger(client, ecl, o) : 1; }, 200ms}},
-        std::chrono::seconds(o.timeout_s + 15));
+        {.timeout = std::chrono::seconds(o.timeout_s + 15)});
     std::remove(socket.c_str());
     bool ok = true;
     for (const auto& r : out)

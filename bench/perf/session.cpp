@@ -118,7 +118,8 @@ public:
         baseline_ = ctx_->stack().pool_usage();
         pd_ = ctx_->alloc_pd();
         stall_ = static_cast<std::uint64_t>(static_cast<double>(o.timeout_s) * 1e6 * tpu);
-        yield_after_ = o.yield_after != ~0u ? o.yield_after : (o.threading == "rx-thread" ? 64 : 0);
+        const unsigned yield_after = o.yield_after != ~0u ? o.yield_after : (o.threading == "rx-thread" ? 64 : 0);
+        idle_ = Idler(yield_after == 0 ? IdlePolicy::spin_only() : IdlePolicy{.spin_turns = yield_after});
     }
 
     int client() {
@@ -430,12 +431,12 @@ private:
         const std::uint64_t now = tsc();
         if (progress) {
             deadline_ = now + stall_;
-            idle_ = 0;
+            idle_.busy();
         } else {
             if (now > deadline_) [[unlikely]] stalled();
             // Idle policy: with an RX thread each process has two busy threads; on a small machine an idle
             // application thread yields its core after --yield-after idle turns (0 = always spin).
-            if (yield_after_ != 0 && ++idle_ > yield_after_) std::this_thread::yield();
+            idle_.idle();
         }
     }
     void on_recv(const WorkCompletion& wc) {
@@ -756,8 +757,7 @@ private:
     unsigned dir_;
     std::uint64_t stall_{0};
     std::uint64_t deadline_{0};
-    unsigned yield_after_{0};
-    unsigned idle_{0};
+    Idler idle_{IdlePolicy::spin_only()};
 
     std::unique_ptr<verbs::Context> ctx_;
     stack::PoolUsage baseline_;

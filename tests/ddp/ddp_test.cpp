@@ -11,7 +11,7 @@
 #include "ddp/header.hpp"
 #include "ddp/reassembly.hpp"
 #include "ddp/segment.hpp"
-#include "ddp/wire.hpp"
+#include "base/byteorder.hpp"
 
 using namespace softrdma;
 using namespace softrdma::ddp;

@@ -47,7 +47,7 @@ struct Recorder {
     std::size_t ulpdu_header_length(std::uint16_t ctrl) { return test_header_length(ctrl); }
     ProtoStatus on_ulpdu_header(std::span<const std::byte> h, std::size_t n) {
         ++header_calls;
-        if (n == 0 && h.size() == 2 && test_header_length(softrdma::mpa::wire::get_be16(h.data())) == 0)
+        if (n == 0 && h.size() == 2 && test_header_length(softrdma::get_be16(h.data())) == 0)
             return invalid_ctrl_error;
         cur = Ulpdu{{h.begin(), h.end()}, {}};
         expect_payload = n;
@@ -86,7 +86,7 @@ static_assert(CrcFusingHandler<FusingRecorder>);
 
 std::vector<std::byte> make_header(std::uint16_t ctrl, std::mt19937& rng) {
     std::vector<std::byte> h = softrdma::mpa::test::random_bytes(rng, test_header_length(ctrl));
-    softrdma::mpa::wire::put_be16(h.data(), ctrl);
+    softrdma::put_be16(h.data(), ctrl);
     return h;
 }
 
@@ -213,7 +213,7 @@ TEST_CASE("fpdu: marker placement against hand-computed positions", "[fpdu][mark
     CHECK(tx.wire_size(600) == 616);
     std::vector<std::byte> w1(616);
     REQUIRE(tx.write(w1, hdr, p1) == 616);
-    auto be16 = [](const std::vector<std::byte>& v, std::size_t at) { return softrdma::mpa::wire::get_be16(v.data() + at); };
+    auto be16 = [](const std::vector<std::byte>& v, std::size_t at) { return softrdma::get_be16(v.data() + at); };
     CHECK(be16(w1, 0) == 0);
     CHECK(be16(w1, 2) == 0);
     CHECK(be16(w1, 4) == 600);
@@ -419,7 +419,7 @@ TEST_CASE("deframer: corruptions give the exact TermCode", "[deframer][errors]")
         auto w = one_fpdu({true, false, 1448}, 0x4143, 30);
         for (std::uint16_t len : {0, 1}) {
             auto bad = w;
-            softrdma::mpa::wire::put_be16(bad.data(), len);
+            softrdma::put_be16(bad.data(), len);
             Recorder r;
             Deframer<Recorder> d({true, false, 0});
             CHECK(feed_cuts(d, r, bad, {1}) == ProtoStatus{kTermBadUlpduLength});
@@ -427,7 +427,7 @@ TEST_CASE("deframer: corruptions give the exact TermCode", "[deframer][errors]")
         }
         for (std::uint16_t len : {2, 10, 17}) {  // untagged header is 18
             auto bad = w;
-            softrdma::mpa::wire::put_be16(bad.data(), len);
+            softrdma::put_be16(bad.data(), len);
             Recorder r;
             Deframer<Recorder> d({true, false, 0});
             CHECK(feed_cuts(d, r, bad, {}) == ProtoStatus{kTermBadUlpduLength});

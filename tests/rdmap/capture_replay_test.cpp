@@ -75,7 +75,7 @@ struct Scanner {
     }
     ProtoStatus on_ulpdu_header(std::span<const std::byte> hdr, std::size_t) {
         if (hdr.size() < 2) return err::o_opcode;
-        const std::uint16_t ctrl = ddp::load_be16(hdr, 0);
+        const std::uint16_t ctrl = load_be16(hdr, 0);
         op = ctrl_opcode(ctrl);
         last = ddp::ctrl_last(ctrl);
         if (op == static_cast<std::uint8_t>(Opcode::read_request)) reads.push_back(ReadRequest::decode(hdr));

@@ -66,22 +66,22 @@ void expect_terminate(Side& s, TermCode code, bool m, bool d, bool r, std::span<
     CHECK(f[0].wire == wire.size());
     const std::vector<std::byte>& u = f[0].ulpdu;
     REQUIRE(u.size() >= kTerminateLen);
-    CHECK(ddp::load_be16(u, 0) == 0x4147);
-    CHECK(ddp::load_be32(u, 2) == 0);             // reserved
-    CHECK(ddp::load_be32(u, 6) == kQnTerminate);  // QN 2
-    CHECK(ddp::load_be32(u, 10) == 1);            // MSN 1
-    CHECK(ddp::load_be32(u, 14) == 0);            // MO 0
+    CHECK(load_be16(u, 0) == 0x4147);
+    CHECK(load_be32(u, 2) == 0);             // reserved
+    CHECK(load_be32(u, 6) == kQnTerminate);  // QN 2
+    CHECK(load_be32(u, 10) == 1);            // MSN 1
+    CHECK(load_be32(u, 14) == 0);            // MO 0
     const TerminateHeader th = TerminateHeader::decode(u);
     CHECK(th.code == code);
     CHECK(th.m == m);
     CHECK(th.d == d);
     CHECK(th.r == r);
-    CHECK((ddp::load_be32(u, 18) & 0x1FFF) == 0);
+    CHECK((load_be32(u, 18) & 0x1FFF) == 0);
     if (hdr.empty()) {
         CHECK(u.size() == kTerminateLen);
     } else {
         REQUIRE(u.size() == kTerminateLen + 2 + hdr.size());
-        CHECK(ddp::load_be16(u, kTerminateLen) == seg_len);
+        CHECK(load_be16(u, kTerminateLen) == seg_len);
         CHECK(std::memcmp(u.data() + kTerminateLen + 2, hdr.data(), hdr.size()) == 0);
         CHECK(s.upper.term_attached[0].size() == 2 + hdr.size());
     }
@@ -149,9 +149,9 @@ TEST_CASE("SEND: zero-length, solicited, MSN per message", "[rdmap]") {
     const std::vector<std::byte> wire = a.drain();
     const std::vector<Fpdu> f = split_fpdus(wire);
     REQUIRE(f.size() == 3);
-    CHECK(ddp::load_be16(f[0].ulpdu, 0) == 0x4143);
+    CHECK(load_be16(f[0].ulpdu, 0) == 0x4143);
     CHECK(f[0].ulpdu.size() == 18);
-    CHECK(ddp::load_be16(f[1].ulpdu, 0) == 0x4145);
+    CHECK(load_be16(f[1].ulpdu, 0) == 0x4145);
     CHECK(ddp::UntaggedHeader::decode(f[2].ulpdu)->msn == 3);
     b.feed(wire, 1);
     REQUIRE(b.upper.completions.size() == 3);
@@ -174,8 +174,8 @@ TEST_CASE("WRITE: tagged placement into a region handed out in pieces", "[rdmap]
     const std::vector<Fpdu> f = split_fpdus(wire);
     REQUIRE(f.size() == 5);  // 108 per segment
     CHECK(ddp::TaggedHeader::decode(f[1].ulpdu)->to == 208);
-    CHECK(ddp::load_be16(f[4].ulpdu, 0) == 0xC140);
-    CHECK(ddp::load_be16(f[0].ulpdu, 0) == 0x8140);
+    CHECK(load_be16(f[4].ulpdu, 0) == 0xC140);
+    CHECK(load_be16(f[0].ulpdu, 0) == 0x8140);
     b.feed(wire, 13);
     CHECK(b.upper.completions.empty());  // a WRITE completes nothing at the sink
     const auto& mem = b.upper.regions[0x100].mem;
@@ -264,7 +264,7 @@ TEST_CASE("WRITE with immediate data: WRITE then Immediate Data consuming a rece
     const std::vector<std::byte> wire = a.drain();
     const std::vector<Fpdu> f = split_fpdus(wire);
     REQUIRE(f.size() == 2);
-    CHECK(ddp::load_be16(f[1].ulpdu, 0) == 0x4148);
+    CHECK(load_be16(f[1].ulpdu, 0) == 0x4148);
     REQUIRE(f[1].ulpdu.size() == 26);
     CHECK(decode_imm(f[1].ulpdu) == 0x1122334455667788ULL);
     CHECK(ddp::UntaggedHeader::decode(f[1].ulpdu)->qn == 0);
@@ -293,8 +293,8 @@ TEST_CASE("SEND with immediate data and solicited event: one receive completion 
         REQUIRE(a.ep.post(s) == PostStatus::ok);
         const std::vector<Fpdu> f = split_fpdus(a.drain());
         REQUIRE(f.size() == 2);
-        CHECK(ddp::load_be16(f[0].ulpdu, 0) == 0x4143);  // SE rides on the Immediate Data message
-        CHECK(ddp::load_be16(f[1].ulpdu, 0) == 0x4149);
+        CHECK(load_be16(f[0].ulpdu, 0) == 0x4143);  // SE rides on the Immediate Data message
+        CHECK(load_be16(f[1].ulpdu, 0) == 0x4149);
         CHECK(ddp::UntaggedHeader::decode(f[1].ulpdu)->msn == 2);
     }
     SECTION("delivered together: one completion, one receive") {
@@ -331,8 +331,8 @@ TEST_CASE("SEND with immediate data and solicited event: one receive completion 
         REQUIRE(batches.size() > 2);
         const std::vector<Fpdu> last = split_fpdus(batches.back());
         REQUIRE(last.size() == 2);
-        CHECK((ddp::load_be16(last[0].ulpdu, 0) & 0x400F) == 0x4003);  // the SEND's last segment
-        CHECK(ddp::load_be16(last[1].ulpdu, 0) == 0x4148);
+        CHECK((load_be16(last[0].ulpdu, 0) & 0x400F) == 0x4003);  // the SEND's last segment
+        CHECK(load_be16(last[1].ulpdu, 0) == 0x4148);
         for (const auto& bt : batches) b.feed(bt);  // one delivery per batch (TCP segment)
         REQUIRE(b.upper.completions.size() == 1);
         CHECK(b.upper.completions[0].byte_len == 1000);
@@ -385,7 +385,7 @@ TEST_CASE("atomics: fetch-add and compare-swap on an aligned target", "[rdmap]")
     const std::vector<Fpdu> f = split_fpdus(a.drain());
     REQUIRE(f.size() == 1);
     REQUIRE(f[0].ulpdu.size() == 70);
-    CHECK(ddp::load_be16(f[0].ulpdu, 0) == 0x414A);
+    CHECK(load_be16(f[0].ulpdu, 0) == 0x414A);
     CHECK(ddp::UntaggedHeader::decode(f[0].ulpdu)->qn == 1);
     const AtomicRequest ar = AtomicRequest::decode(f[0].ulpdu);
     CHECK(ar.op == 0);
@@ -461,7 +461,7 @@ TEST_CASE("SEND with invalidate", "[rdmap]") {
     const std::vector<std::byte> wire = a.drain();
     const std::vector<Fpdu> f = split_fpdus(wire);
     REQUIRE(f.size() == 1);
-    CHECK(ddp::load_be16(f[0].ulpdu, 0) == 0x4144);
+    CHECK(load_be16(f[0].ulpdu, 0) == 0x4144);
     CHECK(ddp::UntaggedHeader::decode(f[0].ulpdu)->rsvd_ulp == 0x500);
     b.feed(wire);
     REQUIRE(b.upper.completions.size() == 1);
@@ -481,8 +481,8 @@ TEST_CASE("zero-length WRITE RTR with STag 1: nothing looked up, nothing complet
     const std::vector<Fpdu> f = split_fpdus(wire);
     REQUIRE(f.size() == 1);
     CHECK(f[0].ulpdu.size() == 14);
-    CHECK(ddp::load_be16(f[0].ulpdu, 0) == 0xC140);
-    CHECK(ddp::load_be32(f[0].ulpdu, 2) == 1);
+    CHECK(load_be16(f[0].ulpdu, 0) == 0xC140);
+    CHECK(load_be32(f[0].ulpdu, 2) == 1);
     CHECK_FALSE(b.feed(wire));
     CHECK(b.upper.lookups == 0);
     CHECK(b.upper.completions.empty());
@@ -534,35 +534,35 @@ TEST_CASE("TERMINATE: unknown opcode, bad versions (no header attached)", "[rdma
     SECTION("reserved opcode 12") {
         Side b;
         std::vector<std::byte> h = untagged(Opcode::send, true, 0, 1, 0);
-        ddp::store_be16(h, 0, 0x414C);
+        store_be16(h, 0, 0x414C);
         CHECK(b.feed(make_fpdu(h)) == err::o_opcode);
         expect_terminate(b, err::o_opcode, false, false, false);
     }
     SECTION("tagged flag on an untagged opcode") {
         Side b;
         std::vector<std::byte> h = untagged(Opcode::send, true, 0, 1, 0);
-        ddp::store_be16(h, 0, 0xC143);
+        store_be16(h, 0, 0xC143);
         b.feed(make_fpdu(h));
         expect_terminate(b, err::o_opcode, false, false, false);
     }
     SECTION("DDP version 2, untagged") {
         Side b;
         std::vector<std::byte> h = untagged(Opcode::send, true, 0, 1, 0);
-        ddp::store_be16(h, 0, 0x4243);
+        store_be16(h, 0, 0x4243);
         b.feed(make_fpdu(h));
         expect_terminate(b, ddp::err::u_version, false, false, false);
     }
     SECTION("DDP version 0, tagged") {
         Side b;
         std::vector<std::byte> h = tagged(Opcode::write, true, 1, 0);
-        ddp::store_be16(h, 0, 0xC040);
+        store_be16(h, 0, 0xC040);
         b.feed(make_fpdu(h));
         expect_terminate(b, ddp::err::t_version, false, false, false);
     }
     SECTION("RDMAP version 2") {
         Side b;
         std::vector<std::byte> h = untagged(Opcode::send, true, 0, 1, 0);
-        ddp::store_be16(h, 0, 0x4183);
+        store_be16(h, 0, 0x4183);
         b.feed(make_fpdu(h));
         expect_terminate(b, err::o_version, false, false, false);
     }
@@ -871,8 +871,8 @@ TEST_CASE("received TERMINATE: reported, posted work flushed, no TERMINATE back"
     CHECK(a.upper.terminates[0].m);
     CHECK(a.upper.terminates[0].d);
     REQUIRE(a.upper.term_attached[0].size() == 2 + 18);
-    CHECK(ddp::load_be16(a.upper.term_attached[0], 0) == 28);  // the offending segment: 18 + 10
-    CHECK(ddp::load_be16(a.upper.term_attached[0], 2) == 0x4143);
+    CHECK(load_be16(a.upper.term_attached[0], 0) == 28);  // the offending segment: 18 + 10
+    CHECK(load_be16(a.upper.term_attached[0], 2) == 0x4143);
     // The READ that was outstanding is flushed; the SEND had completed.
     REQUIRE(a.upper.completions.size() == 2);
     CHECK(a.upper.completions[0].wr_id == 1);
@@ -961,7 +961,7 @@ TEST_CASE("received TERMINATE: the raw control word is reported as received", "[
     Side b;
     std::vector<std::byte> h = untagged(Opcode::terminate, true, kQnTerminate, 1, 0);
     const std::uint32_t siw_word = 0x02010000;  // siw x86: layer 2 in the low nibble, type 0 in the high one
-    ddp::store_be32(h, 18, siw_word);
+    store_be32(h, 18, siw_word);
     b.feed(make_fpdu(h));
     REQUIRE(b.upper.terminates.size() == 1);
     CHECK(b.upper.terminates[0].received);
@@ -1109,7 +1109,7 @@ TEST_CASE("corrupted input: every outcome is clean (no crash, at most one TERMIN
             // Our TERMINATE is the last thing sent, well formed.
             const std::vector<Fpdu> f = split_fpdus(out);
             REQUIRE_FALSE(f.empty());
-            CHECK(ddp::load_be16(f.back().ulpdu, 0) == 0x4147);
+            CHECK(load_be16(f.back().ulpdu, 0) == 0x4147);
         }
     }
 }

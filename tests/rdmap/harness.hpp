@@ -14,7 +14,7 @@
 #include <span>
 #include <vector>
 
-#include "ddp/wire.hpp"
+#include "base/byteorder.hpp"
 #include "mpa/deframer.hpp"
 #include "mpa/fpdu.hpp"
 #include "rdmap/endpoint.hpp"
@@ -172,7 +172,7 @@ inline std::vector<Fpdu> split_fpdus(std::span<const std::byte> wire) {
     std::vector<Fpdu> out;
     std::size_t off = 0;
     while (off + 2 <= wire.size()) {
-        const std::size_t len = ddp::load_be16(wire, off);
+        const std::size_t len = load_be16(wire, off);
         const std::size_t total = mpa::fpdu_size_unmarked(len);
         if (off + total > wire.size()) break;
         out.push_back(Fpdu{std::vector<std::byte>(wire.begin() + static_cast<std::ptrdiff_t>(off + 2),

@@ -104,13 +104,13 @@ TEST_CASE("every opcode: full header round trip through the table", "[rdmap]") {
         case Opcode::imm_data_se:
             encode_imm(b, 0x0102030405060708ULL);
             CHECK(decode_imm(in) == 0x0102030405060708ULL);
-            CHECK(ddp::load_be64(b, 18) == 0x0102030405060708ULL);
+            CHECK(load_be64(b, 18) == 0x0102030405060708ULL);
             break;
         case Opcode::atomic_request: {
             const AtomicRequest a{2, 9, 0x55, 0x1000, 11, 12, 13, 14};
             a.encode(b);
             CHECK(AtomicRequest::decode(in) == a);
-            CHECK(ddp::load_be32(b, 18) == 2);
+            CHECK(load_be32(b, 18) == 2);
             break;
         }
         case Opcode::atomic_response: {
@@ -145,7 +145,7 @@ TEST_CASE("Terminate control word bits", "[rdmap]") {
     CHECK(TerminateHeader{TermCode{TermLayer::llp, 0, 2}, false, false, false}.word() == 0x20020000u);
     std::array<std::byte, kTerminateLen> b{};
     TerminateHeader{err::o_catastrophic_stream, false, false, false}.encode(b);
-    CHECK(ddp::load_be32(b, 18) == 0x02070000u);
+    CHECK(load_be32(b, 18) == 0x02070000u);
 }
 
 TEST_CASE("RFC 7306 atomic operations", "[rdmap]") {

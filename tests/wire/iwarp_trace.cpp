@@ -30,7 +30,7 @@ std::size_t UlpduRecorder::ulpdu_header_length(std::uint16_t ctrl) const {
 ProtoStatus UlpduRecorder::on_ulpdu_header(std::span<const std::byte> hdr, std::size_t payload_len) {
     if (hdr.size() <= 2) return rdmap::err::o_opcode;
     RecordedSegment s;
-    const std::uint16_t ctrl = ddp::load_be16(hdr, 0);
+    const std::uint16_t ctrl = load_be16(hdr, 0);
     s.opcode = rdmap::ctrl_opcode(ctrl);
     s.tagged = ddp::ctrl_tagged(ctrl);
     s.last = ddp::ctrl_last(ctrl);
@@ -152,7 +152,7 @@ std::vector<std::span<const std::byte>> split_fpdus(std::span<const std::byte> r
         const std::uint64_t start = stream_pos;
         const std::size_t len_at = at + (markers && start % mpa::kMarkerInterval == 0 ? mpa::kMarkerSize : 0);
         if (len_at + 2 > run.size()) throw std::runtime_error("split_fpdus: run ends inside an FPDU header");
-        std::size_t total = mpa::fpdu_size_unmarked(ddp::load_be16(run, len_at));
+        std::size_t total = mpa::fpdu_size_unmarked(load_be16(run, len_at));
         if (markers) {
             const std::uint64_t interval = mpa::kMarkerInterval;
             for (std::uint64_t m = (start + interval - 1) / interval * interval; m < start + total; m += interval)

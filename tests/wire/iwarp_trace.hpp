@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "ddp/header.hpp"
-#include "mpa/term_code.hpp"
+#include "base/term_code.hpp"
 #include "rdmap/messages.hpp"
 #include "rdmap/opcode.hpp"
 

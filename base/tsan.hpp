@@ -13,7 +13,7 @@
 #include <sanitizer/tsan_interface.h>
 #endif
 
-namespace softrdma::io {
+namespace softrdma {
 
 inline void wire_release([[maybe_unused]] const void* token) noexcept {
 #if defined(__SANITIZE_THREAD__)
@@ -27,4 +27,4 @@ inline void wire_acquire([[maybe_unused]] const void* token) noexcept {
 #endif
 }
 
-}  // namespace softrdma::io
+}  // namespace softrdma

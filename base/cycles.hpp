@@ -11,7 +11,7 @@
 #include <chrono>
 #endif
 
-namespace softrdma::rdmap {
+namespace softrdma {
 
 inline std::uint64_t cycles_now() noexcept {
 #if defined(__x86_64__)
@@ -21,4 +21,4 @@ inline std::uint64_t cycles_now() noexcept {
 #endif
 }
 
-}  // namespace softrdma::rdmap
+}  // namespace softrdma

@@ -3,7 +3,8 @@
 //
 // RFC 5040 section 4.8 (Terminate header) and 7.4 (error codes) define it; every layer (MPA/LLP, DDP,
 // RDMAP) reports its violations as one of these values, and RDMAP turns it into a TERMINATE message at a
-// single choke point. It lives in the lowest protocol layer (mpa) so that every layer above can use it.
+// single choke point. It lives in base/ with what every layer shares: the protocol layers report it and the
+// verbs API hands it to applications (TerminateInfo).
 #pragma once
 
 #include <cstdint>

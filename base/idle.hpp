@@ -1,0 +1,52 @@
+// SPDX-License-Identifier: MIT
+// What a polling loop does when a turn finds nothing to do: the one idle policy every busy loop uses (the RX
+// thread, Context::run_until, Stack::run_until, the examples' and rdma_perf's loops).
+//
+//   Idler idle(policy);
+//   for (;;) { if (poll() != 0) idle.busy(); else idle.idle(); }
+//
+// Spinning gives the lowest latency when each busy thread has a core; yielding or sleeping lets more busy
+// threads than cores share a small machine (two processes with an RX thread each on two cores).
+#pragma once
+
+#include <sched.h>
+
+#include <chrono>
+#include <thread>
+
+namespace softrdma {
+
+struct IdlePolicy {
+    enum class Then { spin, yield, sleep };
+    // Idle turns spent spinning before `then` applies on each further idle turn (0 = at once).
+    unsigned spin_turns = 256;
+    Then then = Then::yield;
+    // Sleep length for Then::sleep (what waking from idle costs in latency).
+    std::chrono::microseconds sleep{20};
+
+    static constexpr IdlePolicy spin_only() { return {.spin_turns = 0, .then = Then::spin}; }
+};
+
+class Idler {
+public:
+    explicit constexpr Idler(const IdlePolicy& p) noexcept : p_(p) {}
+    // The turn did work: back to spinning.
+    void busy() noexcept { idle_ = 0; }
+    // The turn found nothing: spin, or after spin_turns of them yield / sleep.
+    void idle() noexcept {
+        if (p_.then == IdlePolicy::Then::spin || ++idle_ <= p_.spin_turns) return;
+        if (p_.then == IdlePolicy::Then::yield) {
+            sched_yield();
+        } else {
+            std::this_thread::sleep_for(p_.sleep);
+        }
+    }
+    // Either, from the turn's result.
+    void after(bool did_work) noexcept { did_work ? busy() : idle(); }
+
+private:
+    IdlePolicy p_;
+    unsigned idle_ = 0;
+};
+
+}  // namespace softrdma
