@@ -10,9 +10,8 @@
 #include <cstring>
 #include <system_error>
 
-#include <rte_ip.h>
-
 #include "base/tsan.hpp"
+#include "stack/frame.hpp"
 
 namespace softrdma::threading {
 
@@ -42,48 +41,6 @@ unsigned index_capacity(unsigned flows) {
     return c;
 }
 
-std::uint32_t be16(const std::byte* p) { return std::to_integer<std::uint32_t>(p[0]) << 8 | std::to_integer<std::uint32_t>(p[1]); }
-std::uint32_t be32(const std::byte* p) { return be16(p) << 16 | be16(p + 2); }
-bool seq_after(std::uint32_t a, std::uint32_t b) { return static_cast<std::int32_t>(a - b) > 0; }
-
-// The parts of an Ethernet + IPv4 + TCP frame the RX thread needs; valid() false for anything else (ARP,
-// fragments, options it cannot follow, truncated frames): those go to lwIP whole.
-struct TcpView {
-    bool valid{false};
-    std::uint32_t ihl{0}, hdr_len{0}, payload_len{0}, seq{0};
-    std::uint64_t key{0};
-};
-
-TcpView parse(const std::byte* f, std::uint32_t len) {
-    TcpView v;
-    if (len < 14 + 20 + 20 || be16(f + 12) != 0x0800) return v;
-    const std::byte* ip = f + 14;
-    if ((std::to_integer<unsigned>(ip[0]) >> 4) != 4 || std::to_integer<unsigned>(ip[9]) != 6) return v;
-    v.ihl = (std::to_integer<std::uint32_t>(ip[0]) & 0x0f) * 4;
-    const std::uint32_t total = be16(ip + 2);
-    if ((be16(ip + 6) & 0x3fff) != 0) return v;  // a fragment (MF or offset): lwIP reassembles
-    if (v.ihl < 20 || total < v.ihl + 20 || 14 + total > len) return v;
-    const std::byte* tcp = ip + v.ihl;
-    const std::uint32_t doff = (std::to_integer<std::uint32_t>(tcp[12]) >> 4) * 4;
-    if (doff < 20 || v.ihl + doff > total) return v;
-    v.hdr_len = 14 + v.ihl + doff;
-    v.payload_len = total - v.ihl - doff;
-    v.seq = be32(tcp + 4);
-    std::uint32_t src_be;
-    std::memcpy(&src_be, ip + 12, 4);  // network order, as the key wants it
-    v.key = flow_key(src_be, static_cast<std::uint16_t>(be16(tcp)), static_cast<std::uint16_t>(be16(tcp + 2)));
-    v.valid = true;
-    return v;
-}
-
-// The TCP checksum over pseudo header, header and payload folds to all ones when the segment is intact.
-bool tcp_checksum_ok(const rte_ipv4_hdr* ip, const std::byte* tcp, std::uint32_t tcp_len) {
-    std::uint32_t sum = rte_raw_cksum(tcp, tcp_len);
-    sum += rte_ipv4_phdr_cksum(ip, 0);
-    sum = (sum & 0xffff) + (sum >> 16);
-    sum = (sum & 0xffff) + (sum >> 16);
-    return sum == 0xffff;
-}
 }  // namespace
 
 RxThread::RxThread(io::Port& port, const ThreadingConfig& cfg, unsigned max_flows, bool verify_tcp_checksums)
@@ -293,10 +250,7 @@ void RxThread::forward_headers(const std::byte* frame, std::uint32_t hdr_len, st
     std::byte* dst = slot_data(slot);
     std::memcpy(dst, frame, hdr_len);
     if (kind == Kind::gap) {
-        auto* ip = reinterpret_cast<rte_ipv4_hdr*>(dst + 14);
-        ip->total_length = rte_cpu_to_be_16(static_cast<std::uint16_t>(hdr_len - 14));
-        ip->hdr_checksum = 0;
-        ip->hdr_checksum = rte_ipv4_cksum(ip);
+        stack::cut_payload(dst, hdr_len);
         payload_len = 0;
     }
     ring_.push(Desc{.slot = slot, .len = hdr_len, .payload_len = payload_len, .flow = flow, .kind = kind});
@@ -322,21 +276,20 @@ void RxThread::process(rte_mbuf* m) noexcept {
         }
         f = linear_.get();
     }
-    const TcpView v = parse(f, flen);
+    const stack::TcpFrame v = stack::parse_tcp_frame(f, flen);  // the stack's one parser
     if (!v.valid) {
         forward_copy(m, 0);  // ARP, ICMP, fragments: lwIP checks them
         rte_pktmbuf_free(m);
         return;
     }
     // lwIP does not check TCP checksums in this mode (payload it counts may never reach it): we do.
-    const auto* ip = reinterpret_cast<const rte_ipv4_hdr*>(f + 14);
-    if (verify_tcp_ && !tcp_checksum_ok(ip, f + 14 + v.ihl, v.hdr_len - 14 - v.ihl + v.payload_len)) {
+    if (verify_tcp_ && !stack::tcp_checksum_ok(f, v)) {
         add(dropped_, 1);
         rte_pktmbuf_free(m);
         return;
     }
     std::uint16_t id = 0;
-    Flow* fl = find(v.key, &id);
+    Flow* fl = find(flow_key(v.src_ip_be, v.src_port, v.dst_port), &id);
     if (fl == nullptr || v.payload_len == 0) {
         forward_copy(m, v.payload_len);
         rte_pktmbuf_free(m);
@@ -346,11 +299,11 @@ void RxThread::process(rte_mbuf* m) noexcept {
     switch (fl->state) {
     case Flow::State::unused: break;  // not in the index
     case Flow::State::forward:
-        if (seq_after(v.seq, fl->rcv_nxt)) {  // after a gap: lwIP must not queue it (see the header comment)
+        if (stack::seq_after(v.seq, fl->rcv_nxt)) {  // after a gap: lwIP must not queue it (see the header comment)
             add(ooo_, 1);
             forward_headers(f, v.hdr_len, 0, Kind::gap, id);
         } else {
-            if (seq_after(end, fl->rcv_nxt)) fl->rcv_nxt = end;
+            if (stack::seq_after(end, fl->rcv_nxt)) fl->rcv_nxt = end;
             forward_copy(m, v.payload_len);
         }
         break;
@@ -362,13 +315,13 @@ void RxThread::process(rte_mbuf* m) noexcept {
         add(dropped_, 1);  // never acknowledged: the peer resends it
         break;
     case Flow::State::place:
-        if (seq_after(v.seq, fl->rcv_nxt)) {
+        if (stack::seq_after(v.seq, fl->rcv_nxt)) {
             add(ooo_, 1);
             forward_headers(f, v.hdr_len, 0, Kind::gap, id);
         } else if (free_.read_available() == 0) {
             add(dropped_, 1);  // no slot for the headers: place nothing, so lwIP and we stay in step
         } else {
-            if (seq_after(end, fl->rcv_nxt)) {  // new bytes from rcv_nxt on (a resent segment may overlap)
+            if (stack::seq_after(end, fl->rcv_nxt)) {  // new bytes from rcv_nxt on (a resent segment may overlap)
                 const std::uint32_t skip = fl->rcv_nxt - v.seq;
                 fl->sink->rx_payload(std::span<const std::byte>(f + v.hdr_len + skip, v.payload_len - skip));
                 add(tcp_placed_, v.payload_len - skip);
