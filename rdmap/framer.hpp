@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 // How the endpoint turns one ULPDU (header + gathered payload) into FPDU bytes: the MPA framing seam.
-// Production wraps mpa::FpduTx (see rdmap/fpdu_framer.hpp); tests may use a trivial framer.
+// Production wraps mpa::FpduTx (rdmap::FpduFramer in rdmap/stream.hpp); tests may use a trivial framer.
 #pragma once
 
 #include <cstddef>
@@ -20,5 +20,9 @@ public:
     virtual std::size_t write(std::span<std::byte> out, std::span<const std::byte> header,
                               std::span<const std::span<const std::byte>> payload) = 0;
 };
+
+// The framer of an endpoint that never frames (Role::rx: its TERMINATE goes out through the tx endpoint, as
+// TermReport::frame): frames nothing.
+Framer& no_framer();
 
 }  // namespace softrdma::rdmap

@@ -11,10 +11,9 @@
 //   auto id  = ctx->connect(peer, port, *qp, param); // CM events: ctx->get_cm_event()
 //   qp->post_send(...);  ctx->poll();  cq->poll(wcs);
 //
-// Threading (this slice): run-to-completion. The thread that opened the Context owns everything and calls
-// every function here; Context::poll() runs one turn: RX (DPDK -> lwIP -> MPA deframer -> RDMAP), CM timers,
-// TX of every QP that has work. RX-side work for a QP is one call (QueuePair::rx_bytes) so that a later
-// dedicated RX thread can run it apart from TX.
+// Threading: the thread that opened the Context calls every function here. Context::poll() runs one turn:
+// network RX and the protocol's receive side (run to completion), or the events and headers the dedicated RX
+// thread handed over (ContextConfig::threading), then TCP, CM timers and TX of every QP that has work.
 //
 // Errors: control path (open, reg_mr, create_*, listen, connect) throws verbs::Error; data path (post_send,
 // post_recv, poll) returns values and never allocates, locks or logs. CM events are logged (spdlog debug).
@@ -22,38 +21,31 @@
 // Lifetimes: every object a Context made (PDs, MRs, CQs, SRQs, QPs, CM ids, listeners) must be destroyed
 // before the Context; a QP must outlive the CQs' and SRQ's users, i.e. destroy QPs before their CQs/SRQ and
 // MRs only after no posted WR uses them. Destroying a connected QP or CmId aborts the connection (RST).
+//
+// Every class here is a handle: its state lives in an internal object of verbs/ (detail::), which the other
+// parts of the library reach through impl(); applications never need it.
 #pragma once
 
 #include <array>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <memory>
 #include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
+#include "base/idle.hpp"
+#include "base/term_code.hpp"
 #include "io/port.hpp"
 #include "mpa/negotiation.hpp"
-#include "base/term_code.hpp"
 #include "rdmap/endpoint.hpp"
-#include "rdmap/stream.hpp"
 #include "stack/stack.hpp"
 #include "threading/config.hpp"
 #include "threading/rx_thread.hpp"
-
-#include <boost/lockfree/queue.hpp>
-#include <boost/lockfree/spsc_queue.hpp>
-
-namespace softrdma::stack {
-class TcpConnection;
-class TcpListener;
-}  // namespace softrdma::stack
 
 namespace softrdma::verbs {
 
@@ -65,9 +57,19 @@ class Context;
 class ProtectionDomain;
 class MemoryRegion;
 class CompletionQueue;
+class SharedReceiveQueue;
 class QueuePair;
 class CmId;
 class CmListener;
+
+namespace detail {  // the internal objects behind the handles (verbs/*.hpp, not installed)
+class Engine;
+class Cq;
+class Srq;
+class Qp;
+class Conn;
+class Listener;
+}  // namespace detail
 
 // ---- memory ------------------------------------------------------------------------------------------------
 // Access rights of a memory region (IBV_ACCESS_*). Local read is always allowed.
@@ -193,8 +195,12 @@ struct WorkCompletion {
 // A bounded ring of completions, allocated at creation. Sizing rule: at least the sum of max_send_wr +
 // max_recv_wr of the QPs that use it (each outstanding WR yields at most one entry); an entry that finds the
 // ring full is dropped and counted in overruns() (the CQ overrun error of verbs).
+// A bounded ring of completions, allocated at creation. Sizing rule: at least the sum of max_send_wr +
+// max_recv_wr of the QPs that use it (each outstanding WR yields at most one entry); an entry that finds the
+// ring full is dropped and counted in overruns() (the CQ overrun error of verbs).
 class CompletionQueue {
 public:
+    explicit CompletionQueue(std::unique_ptr<detail::Cq> impl);  // made by Context::create_cq
     ~CompletionQueue();
     CompletionQueue(const CompletionQueue&) = delete;
     CompletionQueue& operator=(const CompletionQueue&) = delete;
@@ -202,33 +208,25 @@ public:
     // Moves up to out.size() completions, oldest first; returns the count. Does not poll the network: call
     // Context::poll() (run-to-completion).
     std::size_t poll(std::span<WorkCompletion> out) noexcept;
-    std::size_t size() const noexcept { return count_; }
-    std::uint32_t capacity() const noexcept { return static_cast<std::uint32_t>(ring_.size()); }
-    std::uint64_t overruns() const noexcept { return overruns_; }
+    std::size_t size() const noexcept;
+    std::uint32_t capacity() const noexcept;
+    std::uint64_t overruns() const noexcept;
 
     // Notification (ibv_req_notify_cq / ibv_get_cq_event). req_notify() asks for one event: at the next
     // completion, or with solicited_only at the next receive completion of a solicited message (SEND_SE,
     // Immediate Data with SE) or any completion with an error status. The event makes fd() (an eventfd)
     // readable; get_event() consumes it. Arm again after each event. In run-to-completion mode completions
     // only appear inside Context::poll(), so the fd says "that turn produced what you asked for"; with the
-    // RX thread (next) it becomes the place to sleep.
+    // RX thread it becomes the place to sleep.
     void req_notify(bool solicited_only) noexcept;
-    int fd() const noexcept { return efd_; }
+    int fd() const noexcept;
     // True if an event was pending (non-blocking read of the eventfd).
     bool get_event() noexcept;
 
+    detail::Cq& impl() noexcept { return *impl_; }
+
 private:
-    friend class Context;
-    friend class QueuePair;
-    explicit CompletionQueue(std::uint32_t cqe);
-    void push(const WorkCompletion& wc) noexcept;
-    enum class Arm : std::uint8_t { none, next, solicited };
-    Arm armed_{Arm::none};
-    int efd_{-1};
-    std::vector<WorkCompletion> ring_;
-    std::size_t head_{0};
-    std::size_t count_{0};
-    std::uint64_t overruns_{0};
+    std::unique_ptr<detail::Cq> impl_;
 };
 
 // ---- memory regions ----------------------------------------------------------------------------------------
@@ -239,6 +237,8 @@ private:
 // is then refused. Tag 0 is never used, so STags below 256 (STag 1: the RTR's) name no region.
 class MemoryRegion {
 public:
+    MemoryRegion(detail::Engine& engine, std::uint32_t index, std::uint32_t stag, std::span<std::byte> bytes,
+                 std::uint32_t access);  // made by ProtectionDomain::reg_mr
     ~MemoryRegion();
     MemoryRegion(const MemoryRegion&) = delete;
     MemoryRegion& operator=(const MemoryRegion&) = delete;
@@ -258,10 +258,7 @@ public:
     std::uint32_t rekey(std::uint8_t key) noexcept;
 
 private:
-    friend class ProtectionDomain;
-    MemoryRegion(Context& ctx, std::uint32_t index, std::uint32_t stag, std::span<std::byte> bytes, std::uint32_t acc)
-        : ctx_(ctx), index_(index), stag_(stag), bytes_(bytes), access_(acc) {}
-    Context& ctx_;
+    detail::Engine& engine_;
     std::uint32_t index_;
     std::uint32_t stag_;
     std::span<std::byte> bytes_;
@@ -292,30 +289,19 @@ struct SrqInitAttr {
 // disarms. Sizing: max_wr slots, allocated at creation.
 class SharedReceiveQueue {
 public:
+    explicit SharedReceiveQueue(std::unique_ptr<detail::Srq> impl);  // made by ProtectionDomain::create_srq
+    ~SharedReceiveQueue();
     SharedReceiveQueue(const SharedReceiveQueue&) = delete;
     SharedReceiveQueue& operator=(const SharedReceiveQueue&) = delete;
     PostResult<RecvWr> post_recv(std::span<const RecvWr> wrs) noexcept;
-    void arm_limit(std::uint32_t limit) noexcept { limit_.store(limit, std::memory_order_relaxed); }
-    std::uint32_t limit() const noexcept { return limit_.load(std::memory_order_relaxed); }
-    std::size_t posted() const noexcept { return count_.load(std::memory_order_relaxed); }
+    void arm_limit(std::uint32_t limit) noexcept;
+    std::uint32_t limit() const noexcept;
+    std::size_t posted() const noexcept;
+
+    detail::Srq& impl() noexcept { return *impl_; }
 
 private:
-    friend class ProtectionDomain;
-    friend class QueuePair;
-    SharedReceiveQueue(Context& ctx, ProtectionDomain& pd, const SrqInitAttr& attr);
-    // The oldest WR; `limit_reached` true when this take crossed the armed limit (the caller queues the event).
-    bool take(RecvSlot& out, bool& limit_reached) noexcept;
-
-    Context& ctx_;
-    ProtectionDomain& pd_;
-    std::uint32_t max_sge_;
-    std::uint32_t max_wr_;
-    std::atomic<std::uint32_t> limit_;
-    // Posted by the application thread, taken by whichever thread runs each QP's receive side (with an RX
-    // thread: that thread, or the application thread before a QP's handover): a bounded lock-free MPMC
-    // queue, max_wr nodes allocated at creation.
-    boost::lockfree::queue<RecvSlot, boost::lockfree::fixed_sized<true>> ring_;
-    std::atomic<std::uint32_t> count_{0};
+    std::unique_ptr<detail::Srq> impl_;
 };
 
 enum class AsyncEventType : std::uint8_t { srq_limit_reached };
@@ -361,9 +347,10 @@ struct TerminateInfo {
     std::string describe() const;
 };
 
-class QueuePair final : private rdmap::Upper {
+class QueuePair {
 public:
-    ~QueuePair() override;
+    explicit QueuePair(std::unique_ptr<detail::Qp> impl);  // made by ProtectionDomain::create_qp
+    ~QueuePair();
     QueuePair(const QueuePair&) = delete;
     QueuePair& operator=(const QueuePair&) = delete;
 
@@ -374,149 +361,22 @@ public:
     // reset -> init, and any state -> err (flushes every outstanding WR; a connected QP also ends its
     // stream: use CmId::disconnect() for an orderly end). rtr/rts/sqd are entered by the connection manager.
     bool modify_state(QpState s) noexcept;
-    QpState state() const noexcept { return state_; }
-    std::uint32_t qp_num() const noexcept { return qp_num_; }
-    const std::optional<TerminateInfo>& terminate_info() const noexcept { return term_; }
-    const QpCap& cap() const noexcept { return cap_; }
-    ProtectionDomain& pd() noexcept { return pd_; }
+    QpState state() const noexcept;
+    std::uint32_t qp_num() const noexcept;
+    const std::optional<TerminateInfo>& terminate_info() const noexcept;
+    const QpCap& cap() const noexcept;
+    ProtectionDomain& pd() noexcept;
+
+    detail::Qp& impl() noexcept { return *impl_; }
 
 private:
-    friend class ProtectionDomain;
-    friend class Context;
-    friend class CmId;
-    QueuePair(Context& ctx, ProtectionDomain& pd, const QpInitAttr& attr, std::uint32_t qp_num);
-    PostResult<SendWr> post_send_inner(std::span<const SendWr> wrs) noexcept;
-    PostResult<RecvWr> post_recv_inner(std::span<const RecvWr> wrs) noexcept;
-
-    // rdmap::Upper: the one place where PD, access, bounds and key are checked for the stream.
-    rdmap::Mem tagged(std::uint32_t stag, std::uint64_t to, std::size_t len, rdmap::Access access) override;
-    rdmap::MemError recv_begin(std::uint32_t msn) override;
-    rdmap::Mem recv_place(std::uint32_t msn, std::uint32_t mo, std::size_t len) override;
-    rdmap::MemError invalidate(std::uint32_t stag) override;
-    void on_completion(const rdmap::Completion& c) override;
-    void on_terminate(const rdmap::TermReport& t) override;
-
-    // ---- stream (called by the CM) ----
-    // RDMA mode reached: builds the FPDU engines and the endpoint from the agreement (control path: allocates).
-    // `hold_first`: the initiator sends nothing until release_first_fpdu() (FirstFpduGuard::Mode::hold).
-    void enter_rts(CmId& conn, const mpa::Agreed& agreed, std::uint32_t emss, bool initiator, bool rfc7306,
-                   bool hold_first);
-    // The first-FPDU guard's tools (the CM decides when): a zero-length RDMA WRITE to STag 1 behind whatever
-    // is queued (no completion; false if the send queue is full or the stream is not in RTS), and the end
-    // of a hold.
-    bool post_nudge() noexcept;
-    void release_first_fpdu() noexcept;
-    // Stream bytes handed to TCP so far, and whether the peer's first FPDU byte has arrived (then: the count
-    // at that moment). The CM reads them to see whether the peer's receive path is live.
-    std::uint64_t tx_written() const noexcept { return tx_written_; }
-    bool peer_spoke() const noexcept { return rx_started_; }
-    std::uint64_t tx_written_when_peer_spoke() const noexcept { return tx_at_rx_start_; }
-    // RX: bytes of the TCP stream in RDMA mode, in order, borrowed for the call. RX-side work only (deframe,
-    // place, complete); TX it causes is scheduled, not done here.
-    void rx_bytes(std::span<const std::byte> bytes) noexcept;
-    // The end of one delivery (a TCP receive upcall's bytes, given to rx_bytes piece by piece).
-    void rx_end() noexcept;
-    // TX: moves whole FPDUs from the endpoint to TCP while TCP takes them.
-    void tx_pump() noexcept;
-    // The TCP connection ended (peer FIN, reset, local close): flush everything; no TERMINATE is sent.
-    void stream_lost() noexcept;
-    void detach_conn() noexcept { conn_ = nullptr; }
-    void schedule_tx() noexcept;
-    // Nothing framed or ready to frame (the send queue reached TCP, or only ORD-blocked requests remain).
-    bool tx_idle() const noexcept { return tx_len_ == 0 && (!ep_ || !ep_->tx_ready()); }
-    void enter_error() noexcept;
-    void flush_rq() noexcept;
-    void flush_sq_unstarted() noexcept;
-    std::uint32_t alloc_slot() noexcept;
-    PostErrc check_sge(const Sge& s, bool need_write, std::span<std::byte>& out) const noexcept;
-    void complete_send(std::uint32_t slot, WcStatus st) noexcept;
-    void free_slot(std::uint32_t slot) noexcept;
-
-    // A send WR from post to completion; the endpoint's wr_id is the slot index.
-    struct SqSlot {
-        std::uint64_t wr_id{0};
-        WcOpcode opcode{WcOpcode::send};
-        bool signaled{false};
-        std::uint32_t byte_len{0};
-        std::array<std::span<std::byte>, rdmap::kMaxSge> sink{};  // READ sink list / atomic result
-        std::uint8_t nsink{0};
-        std::uint32_t next_free{0};
-    };
-
-    Context& ctx_;
-    ProtectionDomain& pd_;
-    CompletionQueue* send_cq_;
-    CompletionQueue* recv_cq_;
-    QpCap cap_;
-    bool sig_all_;
-    std::uint32_t qp_num_;
-    QpState state_{QpState::reset};
-    std::optional<TerminateInfo> term_;
-    CmId* conn_{nullptr};
-
-    // Sizing: one SqSlot per max_send_wr (every outstanding send WR holds one until its completion), a free
-    // list through next_free; inline payload max_inline_data bytes per slot.
-    std::vector<SqSlot> sq_;
-    std::uint32_t sq_free_{0};
-    std::uint32_t sq_used_{0};
-    std::vector<std::byte> inline_buf_;
-    // The receive side: posted receives (own ring, or the SRQ) and the one bound to the inbound message in
-    // progress (RDMAP keeps at most one untagged message in progress). Producer: post_recv (application
-    // thread); consumer: whoever runs the stream's receive path (this thread, or the RX thread after the
-    // handover), which alone touches `bound`. Sizing: max_recv_wr slots allocated at creation.
-    struct RecvQueue {
-        RecvQueue(std::uint32_t depth, SharedReceiveQueue* s) : ring(std::max<std::uint32_t>(depth, 1)), srq(s) {}
-        boost::lockfree::spsc_queue<RecvSlot> ring;
-        SharedReceiveQueue* srq;
-        RecvSlot bound{};
-        bool has{false};
-        rdmap::MemError begin(std::uint32_t msn, bool& srq_limit) noexcept;
-        rdmap::Mem place(std::uint32_t msn, std::uint32_t mo, std::size_t len) const noexcept;
-        const RecvSlot* current(std::uint32_t msn) const noexcept;
-        WorkCompletion complete(const rdmap::Completion& c, std::uint32_t qp_num) noexcept;
-    };
-    RecvQueue recv_;
-    SharedReceiveQueue* srq_{nullptr};
-
-    // ---- with the RX thread (threading::Mode::rx_thread) ----
-    // The stream's receive half (deframer + an rx-role endpoint) that the RX thread runs after the handover;
-    // it talks to this QP through SPSC rings only (qp.cpp).
-    struct RxSide;
-    std::unique_ptr<RxSide> rxs_;
-    int flow_{-1};               // the Context's flow id of this QP's connection, while the RX thread follows it
-    bool handed_over_{false};    // the RX thread places this stream: lwIP's bytes for it are stand-ins
-    std::atomic<std::uint32_t> answered_{0};  // inbound requests answered (tx endpoint -> rx endpoint)
-    void on_request_sent(const rdmap::OrqEntry& e) override;
-    void watch_stream(stack::TcpConnection& conn) noexcept;
-    void on_marker() noexcept;
-    void on_gap() noexcept;
-    void drain_rx_events() noexcept;
-    bool rx_events_pending() const noexcept;  // cheap (one load): events queued by the receive half
-    void detach_rx() noexcept;
-
-    // Stream (RDMA mode), built by enter_rts.
-    std::optional<mpa::FpduTx> fpdu_tx_;
-    std::optional<rdmap::FpduFramer> framer_;
-    std::optional<mpa::Deframer<rdmap::Endpoint>> deframer_;
-    std::optional<rdmap::Endpoint> ep_;
-    // TX staging: whole FPDUs the endpoint wrote, not yet taken by TCP. Sizing: one EMSS, so one batch of
-    // FPDUs fills at most one TCP segment.
-    std::vector<std::byte> tx_buf_;
-    std::size_t tx_off_{0};
-    std::size_t tx_len_{0};
-    bool tx_gate_{false};       // responder: no FPDU before the initiator's first FPDU (RFC 5044 s7.1.2);
-                                // initiator: held by the CM (FirstFpduGuard::Mode::hold)
-    std::uint64_t tx_written_{0};
-    bool rx_started_{false};
-    std::uint64_t tx_at_rx_start_{0};
-    void note_rx_start() noexcept;
-    bool in_tx_list_{false};    // in the Context's list of QPs with TX work
-    bool closing_{false};       // teardown in progress: an endpoint error now is not a protocol error
+    std::unique_ptr<detail::Qp> impl_;
 };
 
 // ---- protection domain -------------------------------------------------------------------------------------
 class ProtectionDomain {
 public:
+    ProtectionDomain(Context& ctx, std::uint32_t handle) : ctx_(ctx), handle_(handle) {}  // made by Context::alloc_pd
     ~ProtectionDomain() = default;
     ProtectionDomain(const ProtectionDomain&) = delete;
     ProtectionDomain& operator=(const ProtectionDomain&) = delete;
@@ -531,8 +391,6 @@ public:
     std::uint32_t handle() const noexcept { return handle_; }
 
 private:
-    friend class Context;
-    ProtectionDomain(Context& ctx, std::uint32_t handle) : ctx_(ctx), handle_(handle) {}
     Context& ctx_;
     std::uint32_t handle_;
 };
@@ -606,8 +464,10 @@ struct CmEvent {
 };
 
 // One connection: MPA negotiation over a TCP connection, then the stream handed to the QP.
+// One connection: MPA negotiation over a TCP connection, then the byte stream handed to the QP.
 class CmId {
 public:
+    explicit CmId(std::unique_ptr<detail::Conn> impl);  // made by Context::connect and on connect requests
     ~CmId();  // aborts (RST) a connection still in use; one that ended in order (rejected, disconnected) gets its FIN
     CmId(const CmId&) = delete;
     CmId& operator=(const CmId&) = delete;
@@ -625,99 +485,35 @@ public:
     void abort();
 
     // Peer's request (connect_request) / reply (established): IRD, ORD, private data.
-    const mpa::PrivateData& peer_private_data() const noexcept { return peer_pd_; }
-    QueuePair* qp() noexcept { return qp_; }
-    bool connected() const noexcept { return phase_ == Phase::rdma; }
+    const mpa::PrivateData& peer_private_data() const noexcept;
+    QueuePair* qp() noexcept;
+    bool connected() const noexcept;
     // Initiator: zero-length WRITEs sent behind the first FPDU (FirstFpduGuard::Mode::nudge) so far.
-    unsigned nudges_sent() const noexcept { return nudges_sent_; }
+    unsigned nudges_sent() const noexcept;
     // The peer's address and TCP port ("10.0.0.2:51234"), known once TCP is connected; "" before.
     std::string peer() const;
     // Initiator, peer-to-peer: when the reply asks for an RTR we can send but cannot agree to (no matching RTR,
     // insufficient IRD), that RTR goes first and the TERMINATE this long after it (see cm.cpp).
     static constexpr auto kRtrSettle = std::chrono::milliseconds(300);
 
+    detail::Conn& impl() noexcept { return *impl_; }
+
 private:
-    friend class Context;
-    friend class CmListener;
-    friend class QueuePair;
-    struct TcpHandler;
-    enum class Phase : std::uint8_t { connecting, negotiating, request, rdma, closed };
-    explicit CmId(Context& ctx);
-
-    void on_tcp_connected();
-    void on_tcp_receive(std::span<const std::byte> bytes);
-    void on_tcp_receive_end();
-    void on_tcp_sent();
-    void on_tcp_remote_close();
-    void on_tcp_error(const char* what, bool unreachable);
-    void negotiate_input(std::span<const std::byte> bytes);
-    void write_negotiation_output();
-    void check_outcome();
-    // Poll stage: negotiation time limits, a pending TCP close.
-    void service(mpa::Clock::time_point now);
-    void go_rdma(const mpa::Agreed& agreed);
-    // QP reached err (TERMINATE sent/received): close once the TERMINATE is out.
-    void qp_failed();
-    // The initiator's first-FPDU guard (FirstFpduGuard), from the poll stage.
-    void guard_first_fpdu(mpa::Clock::time_point now);
-    // Initiator: a reply we cannot use from a responder waiting for an RTR (see cm.cpp).
-    bool rtr_before_terminate(TermCode code, CmEventType type);
-    // Ends the connection: QP to err (flush), TCP closed in the poll stage, event (unless quiet).
-    void finish(CmEventType type, const std::string& reason, bool quiet = false);
-    void emit(CmEventType type, const std::string& reason = {});
-
-    Context& ctx_;
-    std::unique_ptr<TcpHandler> handler_;
-    std::unique_ptr<stack::TcpConnection> conn_;
-    std::optional<mpa::Initiator> ini_;
-    std::optional<mpa::Responder> resp_;
-    std::vector<std::byte> pd_copy_;  // our request private data, kept for the negotiator
-    Phase phase_{Phase::connecting};
-    bool initiator_{false};
-    QueuePair* qp_{nullptr};
-    CmListener* listener_{nullptr};
-    mpa::PrivateData peer_pd_{};
-    std::string peer_;           // "a.b.c.d:port", set when TCP connects
-    std::uint32_t peer_ip_be_{0};
-    bool pending_{false};        // counted in the Context's pending connections (responder, before RDMA mode)
-    void leave_pending() noexcept;
-    bool draining_{false};       // disconnect(): waiting for the QP's send queue to reach TCP
-    mpa::Clock::time_point drain_deadline_{};
-    bool quiet_close_{false};    // the event was already given (initiator failure with TERMINATE)
-    std::uint16_t ird_{0};
-    std::uint16_t ord_{0};
-    bool close_pending_{false};  // close TCP once the QP's TX (the TERMINATE) is out
-    bool rfc7306_{false};        // ConnParam::rfc7306 of our side (connect, or accept)
-    // First-FPDU guard (initiator in RDMA mode; see cm.cpp "The accept window").
-    FirstFpduGuard guard_{};
-    bool guarding_{false};
-    std::optional<mpa::Clock::time_point> first_tx_at_;  // when our first FPDU reached TCP
-    mpa::Clock::time_point last_tx_seen_{};              // last poll stage that saw our TX advance
-    std::uint64_t tx_seen_{0};
-    unsigned nudges_sent_{0};
-    unsigned nudge_step_{0};
-    mpa::Clock::time_point hold_until_{};
-    std::optional<TermCode> deferred_term_;          // rtr_before_terminate(): the TERMINATE, due at deferred_until_
-    mpa::Clock::time_point deferred_until_{};
-    std::optional<std::pair<CmEventType, std::string>> fail_event_;  // its event, given when it is out
+    std::unique_ptr<detail::Conn> impl_;
 };
 
 class CmListener {
 public:
+    explicit CmListener(std::unique_ptr<detail::Listener> impl);  // made by Context::listen
     ~CmListener();
     CmListener(const CmListener&) = delete;
     CmListener& operator=(const CmListener&) = delete;
-    std::uint16_t port() const noexcept { return port_; }
+    std::uint16_t port() const noexcept;
+
+    detail::Listener& impl() noexcept { return *impl_; }
 
 private:
-    friend class Context;
-    struct Acceptor;
-    CmListener(Context& ctx, std::uint16_t port, const ConnParam& defaults);
-    Context& ctx_;
-    std::uint16_t port_;
-    ConnParam defaults_;
-    std::unique_ptr<Acceptor> acceptor_;
-    std::unique_ptr<stack::TcpListener> listener_;
+    std::unique_ptr<detail::Listener> impl_;
 };
 
 // ---- device context ----------------------------------------------------------------------------------------
@@ -802,6 +598,7 @@ class Context {
 public:
     // Opens the io port and the lwIP stack. One per process. Throws io::Error / Error.
     static std::unique_ptr<Context> open(const ContextConfig& cfg);
+    explicit Context(const ContextConfig& cfg);
     ~Context();
     Context(const Context&) = delete;
     Context& operator=(const Context&) = delete;
@@ -821,7 +618,7 @@ public:
     // The oldest CM event, if any (does not poll).
     std::optional<CmEvent> get_cm_event();
     // Readable (eventfd) while CM events are queued: for epoll next to the CQs' fds.
-    int cm_fd() const noexcept { return cm_efd_; }
+    int cm_fd() const noexcept;
 
     // ---- sleeping instead of polling (RX thread mode) ----
     // Completions, CM events and TCP work all happen inside poll(); with an RX thread the application may sleep
@@ -832,116 +629,30 @@ public:
     // returns false (keep polling, or sleep with a short timeout).
     //   for (;;) { while (ctx->poll() != 0) {}  drain CQs;  if (ctx->prepare_sleep()) epoll_wait(...); }
     bool prepare_sleep() noexcept;
-    int wake_fd() const noexcept { return wake_efd_; }
+    int wake_fd() const noexcept;
     // Asynchronous events (ibv_get_async_event): SRQ limit. Bounded ring; overflow counted.
     std::optional<AsyncEvent> get_async_event() noexcept;
-    std::uint64_t async_dropped() const noexcept { return async_dropped_; }
+    std::uint64_t async_dropped() const noexcept;
     // Polls until an event arrives or timeout.
     std::optional<CmEvent> wait_cm_event(std::chrono::milliseconds timeout);
     // Polls until every TCP connection has finished closing, or timeout; returns whether they all did.
     // (A disconnected event comes when the stream ends; the TCP close handshake still needs a few turns.)
-    bool drain(std::chrono::milliseconds timeout) {
-        return run_until([this] { return stack_->active_pcbs() == 0; }, timeout);
-    }
+    bool drain(std::chrono::milliseconds timeout);
 
-    stack::Stack& stack() noexcept { return *stack_; }
-    io::Port& port() noexcept { return *port_; }
-    threading::Mode threading_mode() const noexcept { return cfg_.threading.mode; }
+    stack::Stack& stack() noexcept;
+    io::Port& port() noexcept;
+    threading::Mode threading_mode() const noexcept;
     RxCopyStats rx_copy_stats() const noexcept;
     // The RX thread's counters (frames, copies, placed payload, drops); nullopt in run-to-completion mode.
     std::optional<threading::RxCounters> rx_thread_counters() const noexcept;
-    // Connections refused or reset at accept by SecurityConfig's limits (a probing host, too many pending).
-    std::uint64_t refused_connections() const noexcept { return refused_connections_; }
     LayerCycles layer_cycles() const noexcept;
+    // Connections refused or reset at accept by SecurityConfig's limits (a probing host, too many pending).
+    std::uint64_t refused_connections() const noexcept;
+
+    detail::Engine& impl() noexcept { return *impl_; }
 
 private:
-    friend class ProtectionDomain;
-    friend class MemoryRegion;
-    friend class QueuePair;
-    friend class CmId;
-    friend class CmListener;
-    friend class SharedReceiveQueue;
-    explicit Context(const ContextConfig& cfg);
-    unsigned poll_turn() noexcept;
-
-    // One MR table entry. With an RX thread the table is read there (placement checks) and by the application
-    // thread, and SEND with Invalidate clears `valid` there: every field is an atomic (relaxed; x86 plain
-    // loads). An entry is only reused after the RX thread has quiesced (MemoryRegion's destructor), so a
-    // check never mixes two registrations' fields in a way that lets a write land outside either region.
-    struct MrEntry {
-        std::atomic<std::uint32_t> tag{0};  // the STag's upper 24 bits (slot + 1 | random)
-        std::atomic<std::byte*> base{nullptr};
-        std::atomic<std::size_t> length{0};
-        std::atomic<std::uint32_t> pd{0};
-        std::atomic<std::uint32_t> access{0};
-        std::atomic<std::uint8_t> key{0};
-        std::atomic<bool> in_use{false};
-        std::atomic<bool> valid{false};
-    };
-    // The MR check: PD, access, bounds, key, validity. `len` bytes at `to`. For local SGEs pass the local
-    // right needed (0 = read only).
-    rdmap::Mem mr_lookup(std::uint32_t stag, std::uint64_t to, std::size_t len, std::uint32_t pd,
-                         std::uint32_t need) noexcept;
-    MrEntry* mr_entry(std::uint32_t stag) noexcept;
-    void schedule_tx(QueuePair* qp) noexcept;
-    void new_request(CmListener& listener, std::unique_ptr<stack::TcpConnection> conn);
-    // SecurityConfig bookkeeping (control path): per host, connections pending and access errors caused.
-    struct PeerRecord {
-        unsigned pending = 0;
-        unsigned errors = 0;
-        std::chrono::steady_clock::time_point window_start{};
-    };
-    std::unordered_map<std::uint32_t, PeerRecord> peers_;
-    unsigned pending_total_{0};
-    std::uint64_t refused_connections_{0};
-    PeerRecord& peer_record(std::uint32_t ip_be);
-    void note_access_error(std::uint32_t ip_be);
-    void push_event(CmEvent ev);
-    void drop_events(const CmId* id) noexcept;
-
-    ContextConfig cfg_;
-    std::unique_ptr<io::Port> port_;
-    // Declared between the port and the stack: the RX thread stops before the stack goes (the destructor
-    // stops it first), and its slots outlive the stack, whose pbufs may still reference them.
-    std::unique_ptr<threading::RxThread> rx_;
-    std::unique_ptr<stack::Stack> stack_;
-    // Layer accounting (ContextConfig::layer_cycles; application thread).
-    struct Prof {
-        std::uint64_t ep_rx = 0, framer = 0, proto_rx = 0, proto_tx = 0, lwip_tx = 0, poll = 0, api = 0;
-    } prof_;
-    std::atomic<std::uint64_t> placed_bytes_{0};  // RxCopyStats::payload_bytes (either thread, relaxed)
-    // RX thread mode: flow ids (one per QP whose connection the RX thread follows) and the doorbell ring on
-    // which the RX thread names flows with new receive events. Sizing: max_qp each, allocated at open; a flow
-    // is on the doorbell at most once (RxSide's `rung` flag), so it never overflows.
-    std::vector<QueuePair*> flows_;
-    std::vector<std::uint16_t> flow_free_;
-    std::unique_ptr<boost::lockfree::spsc_queue<std::uint16_t>> doorbell_;
-    int alloc_flow(QueuePair* qp) noexcept;
-    void free_flow(int id) noexcept;
-    rdmap::MemError mr_invalidate(std::uint32_t stag, std::uint32_t pd) noexcept;
-    std::unique_ptr<MrEntry[]> mrs_;     // max_mr entries, allocated at open
-    std::vector<std::uint32_t> mr_free_;
-    std::uint32_t mr_slot_bits_{0};      // the STag tag's low bits that hold slot + 1 (the rest is random)
-    std::uint32_t next_pd_{1};
-    std::uint32_t next_qpn_{1};
-    std::uint32_t qp_count_{0};
-    std::vector<QueuePair*> tx_list_;    // QPs with TX work; capacity max_qp, reserved at open
-    std::vector<CmId*> ids_;             // live CM ids (timers); control path
-    std::deque<CmEvent> events_;         // control path
-    int cm_efd_{-1};
-    int wake_efd_{-1};                   // RX thread -> sleeping application thread (prepare_sleep)
-    std::atomic<bool> want_wake_{false};
-    bool slept_{false};                  // prepare_sleep() said yes: drain wake_efd_ at the next poll
-    // Async events come from the data path: a ring allocated at open. Sizing: one per armed SRQ limit in
-    // flight; 64 covers an application that does not read them for a while, beyond that they are counted.
-    std::array<AsyncEvent, 64> async_{};
-    std::size_t async_head_{0};
-    std::size_t async_count_{0};
-    std::uint64_t async_dropped_{0};
-    void push_async(const AsyncEvent& e) noexcept;
-    std::vector<std::unique_ptr<CmId>> orphans_;  // accepted TCP connections before their connect_request
-    bool cm_work_{false};                // a CM id has work for the poll stage
-    std::uint64_t next_timer_tsc_{0};
+    std::unique_ptr<detail::Engine> impl_;
 };
 
 }  // namespace softrdma::verbs

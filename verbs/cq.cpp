@@ -1,0 +1,85 @@
+// SPDX-License-Identifier: MIT
+#include "verbs/cq.hpp"
+
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <string>
+
+namespace softrdma::verbs::detail {
+
+int make_eventfd(const char* what) {
+    const int fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (fd < 0) throw Error(std::string(what) + ": eventfd: " + std::strerror(errno));
+    return fd;
+}
+
+void signal_fd(int fd) noexcept {
+    const std::uint64_t one = 1;
+    [[maybe_unused]] const auto n = ::write(fd, &one, sizeof one);  // only fails when the counter is full
+}
+
+bool drain_fd(int fd) noexcept {
+    std::uint64_t v = 0;
+    return ::read(fd, &v, sizeof v) == static_cast<ssize_t>(sizeof v) && v != 0;
+}
+
+Cq::Cq(std::uint32_t cqe) : efd_(make_eventfd("create_cq")), ring_(cqe) {}
+
+Cq::~Cq() { ::close(efd_); }
+
+bool Cq::get_event() noexcept { return drain_fd(efd_); }
+
+void Cq::push(const WorkCompletion& wc) noexcept {
+    if (count_ == ring_.size()) {
+        ++overruns_;
+    } else {
+        ring_[(head_ + count_) % ring_.size()] = wc;
+        ++count_;
+    }
+    // One syscall per armed event, not per completion (as verbs providers ring the doorbell once per arm).
+    if (armed_ == Arm::next ||
+        (armed_ == Arm::solicited && ((wc.wc_flags & wc_flags::solicited) != 0 || wc.status != WcStatus::success))) {
+        armed_ = Arm::none;
+        signal_fd(efd_);
+    }
+}
+
+std::size_t Cq::poll(std::span<WorkCompletion> out) noexcept {
+    const std::size_t n = std::min(out.size(), count_);
+    for (std::size_t i = 0; i < n; ++i) {
+        out[i] = ring_[head_];
+        head_ = (head_ + 1) % ring_.size();
+    }
+    count_ -= n;
+    return n;
+}
+
+}  // namespace softrdma::verbs::detail
+
+namespace softrdma::verbs {
+
+const char* to_string(WcStatus s) noexcept {
+    switch (s) {
+    case WcStatus::success: return "success";
+    case WcStatus::wr_flush_err: return "WR flush error";
+    case WcStatus::loc_prot_err: return "local protection error";
+    case WcStatus::fatal_err: return "fatal error";
+    }
+    return "?";
+}
+
+CompletionQueue::CompletionQueue(std::unique_ptr<detail::Cq> impl) : impl_(std::move(impl)) {}
+CompletionQueue::~CompletionQueue() = default;
+std::size_t CompletionQueue::poll(std::span<WorkCompletion> out) noexcept { return impl_->poll(out); }
+std::size_t CompletionQueue::size() const noexcept { return impl_->size(); }
+std::uint32_t CompletionQueue::capacity() const noexcept { return impl_->capacity(); }
+std::uint64_t CompletionQueue::overruns() const noexcept { return impl_->overruns(); }
+void CompletionQueue::req_notify(bool solicited_only) noexcept { impl_->req_notify(solicited_only); }
+int CompletionQueue::fd() const noexcept { return impl_->fd(); }
+bool CompletionQueue::get_event() noexcept { return impl_->get_event(); }
+
+}  // namespace softrdma::verbs

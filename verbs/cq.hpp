@@ -1,0 +1,46 @@
+// SPDX-License-Identifier: MIT
+// detail::Cq: what a verbs::CompletionQueue is (internal to verbs): a ring of completions allocated at creation
+// and an eventfd for notification. Pushed by the QPs on the application thread; polled by the application.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "verbs/verbs.hpp"
+
+namespace softrdma::verbs::detail {
+
+class Cq {
+public:
+    explicit Cq(std::uint32_t cqe);
+    ~Cq();
+    Cq(const Cq&) = delete;
+    Cq& operator=(const Cq&) = delete;
+
+    // A completion, or an overrun counted when the ring is full (sizing rule in verbs.hpp).
+    void push(const WorkCompletion& wc) noexcept;
+    std::size_t poll(std::span<WorkCompletion> out) noexcept;
+    std::size_t size() const noexcept { return count_; }
+    std::uint32_t capacity() const noexcept { return static_cast<std::uint32_t>(ring_.size()); }
+    std::uint64_t overruns() const noexcept { return overruns_; }
+    void req_notify(bool solicited_only) noexcept { armed_ = solicited_only ? Arm::solicited : Arm::next; }
+    int fd() const noexcept { return efd_; }
+    bool get_event() noexcept;
+
+private:
+    enum class Arm : std::uint8_t { none, next, solicited };
+    Arm armed_{Arm::none};
+    int efd_{-1};
+    std::vector<WorkCompletion> ring_;
+    std::size_t head_{0};
+    std::size_t count_{0};
+    std::uint64_t overruns_{0};
+};
+
+// eventfd helpers shared with the engine.
+int make_eventfd(const char* what);
+void signal_fd(int fd) noexcept;
+bool drain_fd(int fd) noexcept;
+
+}  // namespace softrdma::verbs::detail

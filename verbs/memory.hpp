@@ -1,0 +1,69 @@
+// SPDX-License-Identifier: MIT
+// The MR table and its one check (internal to verbs). Every access to registered memory — an inbound WRITE,
+// a READ source, an atomic target, SEND with Invalidate, a local SGE at post time — asks lookup() or
+// invalidate() here: STag (tag + key), validity, protection domain, rights, bounds.
+//
+// Threads: with an RX thread the table is read there (placement) and by the application thread, and SEND with
+// Invalidate clears `valid` there: every field is an atomic (relaxed; plain loads on x86). An entry is reused
+// only after the RX thread has quiesced (release()), so a check never mixes two registrations' fields in a way
+// that lets a write land outside either region.
+// Memory: max_mr entries allocated at construction; registration and release are control-path calls.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "rdmap/upper.hpp"
+
+namespace softrdma::verbs::detail {
+
+class MemoryTable {
+public:
+    explicit MemoryTable(std::uint32_t max_mr);
+
+    struct Registration {
+        std::uint32_t index;
+        std::uint32_t stag;
+    };
+    // Registers `bytes` (caller-owned) with `access` for protection domain `pd`: a free slot and fresh random
+    // tag bits and key (STag layout in verbs.hpp). Throws verbs::Error when the table is full or getrandom fails.
+    Registration add(std::span<std::byte> bytes, std::uint32_t pd, std::uint32_t access);
+    // Ends a registration; `quiesce` (the RX thread's) runs between making the entry unusable and forgetting
+    // its memory, so nothing is placed into the memory after this returns.
+    void release(std::uint32_t index, const std::function<void()>& quiesce);
+    void set_valid(std::uint32_t index, bool valid) noexcept;
+    bool valid(std::uint32_t index) const noexcept;
+    // Valid again under a new key; returns the new STag.
+    std::uint32_t rekey(std::uint32_t index, std::uint8_t key) noexcept;
+
+    // The check: `len` bytes at `to` under `stag`, for protection domain `pd`, with the rights `need` (0 = read
+    // only, for local SGEs without local_write). Data path: no allocation, no lock.
+    rdmap::Mem lookup(std::uint32_t stag, std::uint64_t to, std::size_t len, std::uint32_t pd, std::uint32_t need) const noexcept;
+    // SEND with Invalidate: the STag must be valid, keyed, of `pd` and registered with access::remote_invalidate.
+    rdmap::MemError invalidate(std::uint32_t stag, std::uint32_t pd) noexcept;
+
+private:
+    struct Entry {
+        std::atomic<std::uint32_t> tag{0};  // the STag's upper 24 bits (slot + 1 | random)
+        std::atomic<std::byte*> base{nullptr};
+        std::atomic<std::size_t> length{0};
+        std::atomic<std::uint32_t> pd{0};
+        std::atomic<std::uint32_t> access{0};
+        std::atomic<std::uint8_t> key{0};
+        std::atomic<bool> in_use{false};
+        std::atomic<bool> valid{false};
+    };
+    Entry* entry(std::uint32_t stag) const noexcept;
+
+    std::uint32_t max_mr_;
+    std::uint32_t slot_bits_{0};  // the tag's low bits that hold slot + 1 (the rest is random)
+    std::unique_ptr<Entry[]> entries_;
+    std::vector<std::uint32_t> free_;  // capacity max_mr, reserved at construction
+};
+
+}  // namespace softrdma::verbs::detail

@@ -1,0 +1,179 @@
+// SPDX-License-Identifier: MIT
+#include "verbs/qp_rx.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#include "rdmap/stream.hpp"
+#include "verbs/memory.hpp"
+#include "verbs/srq.hpp"
+
+namespace softrdma::verbs::detail {
+namespace {
+
+// The contiguous piece of a scatter list at byte offset `off` (at most `len` bytes); bounds past its end.
+// READ sinks and posted receives are both lists of spans checked at post time.
+rdmap::Mem scatter_piece(std::span<const std::span<std::byte>> sge, std::uint64_t off, std::size_t len) {
+    for (const std::span<std::byte> s : sge) {
+        if (off < s.size()) return {s.data() + off, std::min<std::size_t>(len, s.size() - off), rdmap::MemError::none};
+        off -= s.size();
+    }
+    return {.err = rdmap::MemError::bounds};
+}
+
+// The slot of a READ sink STag (kReadSinkTag | slot), or kNoSlot.
+std::uint32_t read_sink_slot(std::uint32_t stag, std::size_t slots) {
+    const std::uint32_t slot = stag & 0x00ffffffu;
+    return (stag & 0xff000000u) == kReadSinkTag && slot < slots ? slot : kNoSlot;
+}
+
+// The MR right a remote access needs.
+std::uint32_t remote_right(rdmap::Access acc) {
+    switch (acc) {
+    case rdmap::Access::remote_write: return access::remote_write;
+    case rdmap::Access::remote_read: return access::remote_read;
+    case rdmap::Access::remote_atomic: return access::remote_atomic;
+    case rdmap::Access::local_write: break;
+    }
+    return 0;
+}
+
+}  // namespace
+
+// ---- posted receives (consumer side) ----
+
+rdmap::MemError RecvQueue::begin(std::uint32_t msn, bool& srq_limit) noexcept {
+    srq_limit = false;
+    if (has) return rdmap::MemError::no_receive;  // not reached: RDMAP binds one message at a time
+    const bool got = srq != nullptr ? srq->take(bound, srq_limit) : ring.pop(bound);
+    if (!got) return rdmap::MemError::no_receive;
+    has = true;
+    bound.bound = true;
+    bound.msn = msn;
+    return rdmap::MemError::none;
+}
+
+const RecvSlot* RecvQueue::current(std::uint32_t msn) const noexcept { return has && bound.msn == msn ? &bound : nullptr; }
+
+rdmap::Mem RecvQueue::place(std::uint32_t msn, std::uint32_t mo, std::size_t len) const noexcept {
+    const RecvSlot* rp = current(msn);
+    if (rp == nullptr) return {.err = rdmap::MemError::bounds};
+    return scatter_piece(std::span(rp->sge).first(rp->nsge), mo, len);
+}
+
+WorkCompletion RecvQueue::complete(const rdmap::Completion& c, std::uint32_t qp_num) noexcept {
+    WorkCompletion wc{.wr_id = bound.wr_id,
+                      .status = c.status == rdmap::WcStatus::success ? WcStatus::success : WcStatus::wr_flush_err,
+                      .opcode = c.imm_only ? WcOpcode::recv_rdma_with_imm : WcOpcode::recv,
+                      .byte_len = c.byte_len,
+                      .imm_data = c.imm,
+                      .invalidated_rkey = c.inv_stag,
+                      .qp_num = qp_num};
+    if (c.has_imm) wc.wc_flags |= wc_flags::with_imm;
+    if (c.has_inv) wc.wc_flags |= wc_flags::with_inv;
+    if (c.solicited) wc.wc_flags |= wc_flags::solicited;
+    has = false;
+    return wc;
+}
+
+// ---- the receive half ----
+
+RxHalf::RxHalf(MemoryTable& mem, std::uint32_t pd, std::uint32_t qp_num, RecvQueue& rq, std::uint32_t send_slots)
+    : mem_(mem), pd_(pd), qp_num_(qp_num), rq_(rq), orq_(std::size_t{send_slots} + 1), sinks_(send_slots) {}
+
+void RxHalf::start(const mpa::Agreed& agreed, const rdmap::Config& cfg, RxEventSink& sink,
+                   std::atomic<std::uint64_t>& placed, std::uint64_t* cycles) {
+    sink_ = &sink;
+    placed_ = &placed;
+    deframer_.emplace(mpa::rx_config(agreed));
+    rdmap::Config c = cfg;
+    c.role = rdmap::Role::rx;
+    ep_.emplace(*this, rdmap::no_framer(), c);
+    if (cycles != nullptr) ep_->count_cycles(cycles, nullptr);
+    first_ = true;
+    OrqMsg m;
+    while (orq_.pop(m)) {  // a previous stream's
+    }
+}
+
+void RxHalf::deliver(std::span<const std::byte> bytes) noexcept {
+    if (!ep_ || bytes.empty()) return;
+    OrqMsg m;
+    while (orq_.pop(m)) {  // requests framed before their responses can arrive
+        if (m.e.wr_id < sinks_.size()) sinks_[m.e.wr_id] = m.sink;
+        ep_->expect_response(m.e);
+    }
+    if (first_) {
+        first_ = false;
+        sink_->emit(RxEvent{.kind = RxEvent::Kind::first_bytes});
+    }
+    const std::uint64_t before = ep_->placed_bytes();
+    rdmap::receive(*deframer_, *ep_, bytes);
+    placed_->fetch_add(ep_->placed_bytes() - before, std::memory_order_relaxed);
+}
+
+void RxHalf::end_of_delivery() noexcept {
+    if (ep_) ep_->end_of_input();
+}
+
+void RxHalf::stop() noexcept {
+    if (ep_ && ep_->state() == rdmap::State::operational) ep_->stop(mpa::kTermConnectionLost);
+}
+
+rdmap::Mem RxHalf::tagged(std::uint32_t stag, std::uint64_t to, std::size_t len, rdmap::Access acc) {
+    if (acc == rdmap::Access::local_write) {  // READ response into our READ WR's sink list (this side's copy)
+        const std::uint32_t slot = read_sink_slot(stag, sinks_.size());
+        if (slot == kNoSlot) return {.err = rdmap::MemError::invalid_stag};
+        return scatter_piece(sinks_[slot].spans(), to, len);
+    }
+    return mem_.lookup(stag, to, len, pd_, remote_right(acc));
+}
+
+rdmap::MemError RxHalf::recv_begin(std::uint32_t msn) {
+    bool limit = false;
+    const rdmap::MemError e = rq_.begin(msn, limit);
+    if (limit) sink_->emit(RxEvent{.kind = RxEvent::Kind::srq_limit});
+    return e;
+}
+
+rdmap::Mem RxHalf::recv_place(std::uint32_t msn, std::uint32_t mo, std::size_t len) { return rq_.place(msn, mo, len); }
+
+rdmap::MemError RxHalf::invalidate(std::uint32_t stag) { return mem_.invalidate(stag, pd_); }
+
+void RxHalf::on_completion(const rdmap::Completion& c) {
+    if (c.kind == rdmap::WcKind::recv) {
+        if (rq_.current(c.msn) == nullptr) return;
+        sink_->emit(RxEvent{.kind = RxEvent::Kind::recv, .wc = rq_.complete(c, qp_num_)});
+        return;
+    }
+    const bool ok = c.status == rdmap::WcStatus::success;
+    // The atomic's original value goes into the WR's 8-byte SGE here (host order, as the target word); the
+    // completion event orders it before the application sees the completion.
+    if (ok && c.kind == rdmap::WcKind::atomic && c.wr_id < sinks_.size() && sinks_[c.wr_id].n == 1)
+        std::memcpy(sinks_[c.wr_id].sge[0].data(), &c.atomic_original, 8);
+    sink_->emit(RxEvent{.kind = RxEvent::Kind::request_done, .slot = c.wr_id, .ok = ok});
+}
+
+void RxHalf::on_terminate(const rdmap::TermReport& t) {
+    RxEvent e{.kind = RxEvent::Kind::terminate, .code = t.code, .raw = t.raw, .cause = t.cause, .received = t.received};
+    const std::size_t n = std::min(t.frame.size(), e.term.size());
+    if (n != 0) std::memcpy(e.term.data(), t.frame.data(), n);  // a received TERMINATE has no frame to send
+    e.term_len = static_cast<std::uint8_t>(n);
+    sink_->emit(e);
+}
+
+void RxHalf::on_inbound_request(const rdmap::IrqEntry& r) { sink_->emit(RxEvent{.kind = RxEvent::Kind::inbound, .irq = r}); }
+
+// ---- the RX thread's sink ----
+
+void RxEventRing::emit(const RxEvent& e) noexcept {
+    if (!events_.push(e)) {
+        lost_.fetch_add(1, std::memory_order_relaxed);
+        return;
+    }
+    // On the RX thread: ring the QP's doorbell once until the QP drains (it clears `rung_` first).
+    if (doorbell_ != nullptr && !rung_.exchange(true, std::memory_order_acq_rel))
+        doorbell_->push(static_cast<std::uint16_t>(flow_));  // never full: one entry per flow
+}
+
+}  // namespace softrdma::verbs::detail

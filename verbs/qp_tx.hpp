@@ -1,0 +1,63 @@
+// SPDX-License-Identifier: MIT
+// The transmit half of a QP's stream (internal to verbs), the same in both threading modes, always on the
+// application thread: MPA framing (mpa::FpduTx), a tx-role rdmap::Endpoint (work requests, READ/atomic
+// responses, TERMINATEs) and a one-EMSS staging buffer that pump() moves into TCP as whole FPDUs. Its
+// rdmap::Upper is the QP (send completions, READ-response sources, the requests it framed).
+// Memory: built by start() (control path); pump() allocates nothing.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "mpa/fpdu.hpp"
+#include "mpa/negotiation.hpp"
+#include "rdmap/endpoint.hpp"
+#include "rdmap/stream.hpp"
+
+namespace softrdma::stack {
+class TcpConnection;
+}
+
+namespace softrdma::verbs::detail {
+
+class TxHalf {
+public:
+    // A new stream (control path). `cycles_framer` / `cycles_proto` / `cycles_lwip` (null = off): layer accounting.
+    void start(rdmap::Upper& upper, const mpa::Agreed& agreed, std::uint32_t emss, const rdmap::Config& cfg,
+               std::uint64_t* cycles_framer, std::uint64_t* cycles_proto, std::uint64_t* cycles_lwip);
+    bool started() const noexcept { return ep_.has_value(); }
+    rdmap::Endpoint& ep() noexcept { return *ep_; }
+    const rdmap::Endpoint& ep() const noexcept { return *ep_; }
+
+    // The first-FPDU gate: closed, nothing but a TERMINATE leaves (a responder until the initiator's first bytes,
+    // RFC 5044 section 7.1.2; an initiator holding its first FPDU, FirstFpduGuard::Mode::hold).
+    void set_gate(bool closed) noexcept { gate_ = closed; }
+    bool gated() const noexcept { return gate_; }
+
+    // Moves whole FPDUs into TCP while it takes them. Returns true when it must run again later (lwIP full, an
+    // unsent segment still queued, the next FPDU not fitting the send buffer).
+    bool pump(stack::TcpConnection& tcp) noexcept;
+    // Nothing staged and nothing ready to frame (the send queue reached TCP, or only ORD-blocked requests remain).
+    bool idle() const noexcept { return len_ == 0 && (!ep_ || !ep_->tx_ready()); }
+    void drop_staged() noexcept { len_ = 0; }
+    // Stream bytes handed to TCP since start().
+    std::uint64_t written() const noexcept { return written_; }
+
+private:
+    std::optional<mpa::FpduTx> fpdu_tx_;
+    std::optional<rdmap::FpduFramer> framer_;
+    std::optional<rdmap::Endpoint> ep_;
+    // Staging: whole FPDUs the endpoint wrote, not yet taken by TCP. Sizing: one EMSS, so one batch of FPDUs
+    // fills at most one TCP segment.
+    std::vector<std::byte> buf_;
+    std::size_t off_{0};
+    std::size_t len_{0};
+    bool gate_{false};
+    std::uint64_t written_{0};
+    std::uint64_t* cycles_proto_{nullptr};
+    std::uint64_t* cycles_lwip_{nullptr};
+};
+
+}  // namespace softrdma::verbs::detail
