@@ -1,0 +1,329 @@
+// SPDX-License-Identifier: MIT
+// verbs between two processes over memif (the fixture: tests/verbs/fixture.hpp; every case runs in both threading
+// modes). The connection manager: reject with private data, peer-to-peer RTR, unreachable peers, an orderly
+// disconnect with data in flight, 1024 connections in one process pair.
+#include <catch2/catch.hpp>
+
+#include <poll.h>
+#include <sys/epoll.h>
+
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <set>
+#include <stdexcept>
+#include <thread>
+
+#include "ddp/header.hpp"
+#include "rdmap/messages.hpp"
+#include "rdmap/upper.hpp"
+#include "mpa/fpdu.hpp"
+#include "tests/support/checks.hpp"
+#include "tests/support/processes.hpp"
+#include "tests/support/tcp_roles.hpp"
+#include "stack/tcp.hpp"
+#include "tests/verbs/fixture.hpp"
+#include "tests/wire/pcap.hpp"
+#include "verbs/verbs.hpp"
+
+using namespace softrdma;
+using namespace softrdma::test;
+using namespace softrdma::test::verbs_fixture;
+using namespace std::chrono_literals;
+using verbs::WcOpcode;
+using verbs::WcStatus;
+
+
+TEST_CASE("a CM reject carries the responder's private data to the initiator", "[verbs][memif]") {
+    auto server = [](const PeerConfig& cfg) {
+        Peer p(cfg, 64, verbs::access::local_write);
+        p.listener = p.ctx->listen(cfg.tcp_port);
+        auto ev = p.wait_event(verbs::CmEventType::connect_request);
+        const char no[] = "no room at the inn";
+        if (!ev.request->reject(std::as_bytes(std::span(no)))) throw std::runtime_error("reject refused");
+        p.ctx->run_until([] { return false; }, 200ms);
+        ev.request.reset();
+        p.disconnected = true;
+        return p.end(0);
+    };
+    auto client = [](const PeerConfig& cfg) {
+        Peer p(cfg, 64, verbs::access::local_write);
+        p.post_recv(9, 0, 64);
+        const RemoteRegion me = p.local();
+        p.id = p.ctx->connect(cfg.peer, cfg.tcp_port, *p.qp, {.private_data = as_bytes(me)});
+        auto ev = p.wait_event(verbs::CmEventType::rejected);
+        const std::string got(reinterpret_cast<const char*>(ev.private_data.bytes.data()), ev.private_data.size);
+        report("rejected with: " + got);
+        if (got != std::string("no room at the inn", 19)) throw std::runtime_error("private data: " + got);
+        // The QP went to ERR; its receive was flushed.
+        Peer::expect(p.wait_wc(1)[0], WcStatus::wr_flush_err, WcOpcode::recv, 9);
+        p.disconnected = true;
+        return p.end(0);
+    };
+    check_outcomes(run_pair(server, client));
+}
+
+TEST_CASE("peer-to-peer: the RTR lets the responder send first", "[verbs][memif]") {
+    auto server = [](const PeerConfig& cfg) {
+        Peer p(cfg, 4096, verbs::access::local_write);
+        p.post_recv(1, 0, 64);
+        p.serve();
+        std::memcpy(p.buf.data() + 1024, "responder first", 15);
+        const verbs::Sge s = p.mr->sge(1024, 15);
+        p.post_send({.wr_id = 2, .opcode = verbs::WrOpcode::send, .send_flags = verbs::send_flags::signaled,
+                     .sg_list = {&s, 1}});
+        auto wc = p.wait_wc(2);  // our SEND, then the client's answer
+        Peer::expect(wc[0], WcStatus::success, WcOpcode::send, 2);
+        Peer::expect(wc[1], WcStatus::success, WcOpcode::recv, 1);
+        return p.end(0);
+    };
+    auto client = [](const PeerConfig& cfg) {
+        Peer p(cfg, 4096, verbs::access::local_write);
+        p.post_recv(1, 0, 64);
+        p.connect(/*p2p=*/true);
+        auto wc = p.wait_wc(1);
+        Peer::expect(wc[0], WcStatus::success, WcOpcode::recv, 1);
+        if (wc[0].byte_len != 15 || std::memcmp(p.buf.data(), "responder first", 15) != 0)
+            throw std::runtime_error("responder's SEND content");
+        p.post_send({.wr_id = 3, .opcode = verbs::WrOpcode::send, .send_flags = verbs::send_flags::signaled});
+        Peer::expect(p.wait_wc(1)[0], WcStatus::success, WcOpcode::send, 3);
+        report("responder sent first after the RTR");
+        return p.end(0);
+    };
+    check_outcomes(run_pair(server, client));
+}
+
+TEST_CASE("connect to a port nobody listens on: unreachable, receives flushed", "[verbs][memif]") {
+    auto server = [](const PeerConfig& cfg) {
+        Peer p(cfg, 64, verbs::access::local_write);
+        // No listener: the client's SYN is refused. Poll until its SYN (after ARP) has come and been answered,
+        // then until the client has gone (io closes the link safely whenever it goes).
+        const auto& c = p.ctx->stack().counters();
+        p.ctx->run_until([&] { return c.rx_frames >= 2 && c.tx_frames >= 2; }, kWait);
+        p.ctx->run_until([&] { return !p.ctx->port().link_up(); }, 30s);
+        return p.end(0);
+    };
+    auto client = [](const PeerConfig& cfg) {
+        Peer p(cfg, 64, verbs::access::local_write);
+        p.post_recv(5, 0, 64);
+        p.id = p.ctx->connect(cfg.peer, cfg.tcp_port, *p.qp, {});
+        auto ev = p.wait_event(verbs::CmEventType::unreachable);
+        report("unreachable: " + ev.reason);
+        Peer::expect(p.wait_wc(1)[0], WcStatus::wr_flush_err, WcOpcode::recv, 5);
+        p.disconnected = true;
+        return p.end(0);
+    };
+    check_outcomes(run_pair(server, client));
+}
+
+TEST_CASE("disconnect right after posting 8 MiB: everything completes, the peer gets it all before the FIN",
+          "[verbs][memif]") {
+    constexpr std::uint32_t kLen = 1 << 20;
+    auto server = [](const PeerConfig& cfg) {
+        Peer p(cfg, 8 * kLen, kAll);
+        p.post_recv(1, 0, 0);
+        p.post_recv(2, 0, 0);
+        p.serve();
+        Peer::expect(p.wait_wc(1)[0], WcStatus::success, WcOpcode::recv, 1);  // the SEND after the WRITEs
+        if (const auto bad = check_pattern(9, 0, p.buf); bad >= 0)
+            throw std::runtime_error("WRITE content differs at " + std::to_string(bad));
+        p.wait_event(verbs::CmEventType::disconnected);
+        Peer::expect(p.wait_wc(1)[0], WcStatus::wr_flush_err, WcOpcode::recv, 2);
+        report("all data before the FIN");
+        return p.end(0);
+    };
+    auto client = [](const PeerConfig& cfg) {
+        Peer p(cfg, 8 * kLen, verbs::access::local_write);
+        p.connect();
+        fill_pattern(9, 0, p.buf);
+        for (std::uint32_t i = 0; i < 8; ++i) {
+            const verbs::Sge s = p.mr->sge(i * kLen, kLen);
+            p.post_send({.wr_id = i, .opcode = verbs::WrOpcode::rdma_write, .send_flags = verbs::send_flags::signaled,
+                         .sg_list = {&s, 1}, .rdma = {p.remote.addr + i * kLen, p.remote.rkey}});
+        }
+        p.post_send({.wr_id = 8, .opcode = verbs::WrOpcode::send, .send_flags = verbs::send_flags::signaled});
+        p.id->disconnect();
+        if (p.qp->state() != verbs::QpState::sqd) throw std::runtime_error("QP not in SQD while draining");
+        const verbs::SendWr late{.wr_id = 50, .opcode = verbs::WrOpcode::send};
+        if (p.qp->post_send({&late, 1}).err != verbs::PostErrc::invalid_state)
+            throw std::runtime_error("post_send in SQD accepted");
+        p.wait_event(verbs::CmEventType::disconnected);
+        auto wc = p.wait_wc(9);
+        for (std::uint32_t i = 0; i < 9; ++i)
+            Peer::expect(wc[i], WcStatus::success, i < 8 ? WcOpcode::rdma_write : WcOpcode::send, i);
+        if (p.qp->state() != verbs::QpState::err) throw std::runtime_error("QP not in ERR after disconnect");
+        return p.end(0);
+    };
+    check_outcomes(run_pair(server, client));
+}
+
+TEST_CASE("1024 QPs connected in one process pair, each exchanging a SEND both ways", "[verbs][memif][tsan-slow]") {
+    constexpr std::uint32_t kQps = 1024;
+    constexpr std::uint32_t kLen = 32;
+    // One CQ, one MR (kLen bytes per QP for receives, kLen for sends), small queues: 2 WRs each way.
+    struct Many {
+        std::unique_ptr<verbs::Context> ctx;
+        stack::PoolUsage baseline;
+        std::unique_ptr<verbs::ProtectionDomain> pd;
+        std::unique_ptr<verbs::CompletionQueue> cq;
+        std::vector<std::byte> buf;
+        std::unique_ptr<verbs::MemoryRegion> mr;
+        std::vector<std::unique_ptr<verbs::QueuePair>> qps;
+        std::vector<std::unique_ptr<verbs::CmId>> ids;
+        explicit Many(const PeerConfig& cfg) {
+            verbs::ContextConfig cc{.port = cfg.port, .eal = cfg.eal, .stack = cfg.stack, .max_mr = 4, .max_qp = kQps,
+                                    .threading = test_threading()};
+            ctx = verbs::Context::open(cc);
+            baseline = ctx->stack().pool_usage();
+            pd = ctx->alloc_pd();
+            cq = ctx->create_cq(4 * kQps);
+            buf.resize(2 * kLen * kQps);
+            mr = pd->reg_mr(buf, verbs::access::local_write);
+            for (std::uint32_t i = 0; i < kQps; ++i) {
+                qps.push_back(pd->create_qp({.send_cq = cq.get(), .recv_cq = cq.get(),
+                                             .cap = {.max_send_wr = 2, .max_recv_wr = 2, .max_inline_data = 0}}));
+                const verbs::Sge s = mr->sge(kLen * i, kLen);
+                const verbs::RecvWr r{.wr_id = i, .sg_list = {&s, 1}};
+                if (!qps.back()->post_recv({&r, 1}).ok()) throw std::runtime_error("post_recv");
+            }
+        }
+        void send(std::uint32_t i) {
+            std::memcpy(buf.data() + kLen * (kQps + i), &i, 4);
+            const verbs::Sge s = mr->sge(kLen * (kQps + i), kLen);
+            const verbs::SendWr w{.wr_id = i, .opcode = verbs::WrOpcode::send, .sg_list = {&s, 1}};
+            if (!qps[i]->post_send({&w, 1}).ok()) throw std::runtime_error("post_send " + std::to_string(i));
+        }
+        // Waits for kQps receive completions, each carrying its QP's index.
+        void receive_all() {
+            std::array<verbs::WorkCompletion, 64> wcs;
+            std::uint32_t got = 0;
+            ctx->run_until([&] {
+                const std::size_t n = cq->poll(wcs);
+                for (std::size_t k = 0; k < n; ++k) {
+                    if (wcs[k].status != WcStatus::success || wcs[k].opcode != WcOpcode::recv)
+                        throw std::runtime_error("bad completion on QP " + std::to_string(wcs[k].qp_num));
+                    std::uint32_t v = 0;
+                    std::memcpy(&v, buf.data() + kLen * wcs[k].wr_id, 4);
+                    if (v != wcs[k].wr_id) throw std::runtime_error("content on " + std::to_string(v));
+                    ++got;
+                }
+                return got == kQps;
+            }, 60s);
+            if (got != kQps) throw std::runtime_error("received " + std::to_string(got) + " of " + std::to_string(kQps));
+        }
+        int end(int rc) {
+            for (auto& id : ids)
+                if (id) id->disconnect();
+            std::uint32_t down = 0;
+            ctx->run_until([&] {
+                while (auto ev = ctx->get_cm_event())
+                    if (ev->type == verbs::CmEventType::disconnected) ++down;
+                return down >= kQps;
+            }, 30s);
+            report("disconnected " + std::to_string(down));
+            ctx->run_until([] { return false; }, 200ms);
+            ids.clear();
+            qps.clear();
+            mr.reset();
+            return finish_checks(ctx->stack(), ctx->port(), baseline, rc);
+        }
+    };
+    auto server = [](const PeerConfig& cfg) {
+        Many m(cfg);
+        auto listener = m.ctx->listen(cfg.tcp_port);
+        m.ids.resize(kQps);
+        std::uint32_t accepted = 0, established = 0;
+        const auto t0 = std::chrono::steady_clock::now();
+        m.ctx->run_until([&] {
+            while (auto ev = m.ctx->get_cm_event()) {
+                if (ev->type == verbs::CmEventType::connect_request) {
+                    std::uint32_t i = 0;
+                    std::memcpy(&i, ev->private_data.bytes.data(), 4);  // the client's QP index
+                    if (i >= kQps || m.ids[i]) throw std::runtime_error("bad request index");
+                    if (!ev->request->accept(*m.qps[i], {})) throw std::runtime_error("accept");
+                    m.ids[i] = std::move(ev->request);
+                    ++accepted;
+                } else if (ev->type == verbs::CmEventType::established) {
+                    ++established;
+                } else {
+                    throw std::runtime_error(std::string("server CM event ") + verbs::to_string(ev->type) + ": " + ev->reason);
+                }
+            }
+            return established == kQps;
+        }, 60s);
+        report("accepted " + std::to_string(accepted) + " in " +
+               std::to_string(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()) + " s");
+        if (established != kQps) throw std::runtime_error("established " + std::to_string(established));
+        m.receive_all();                              // every client QP SENDs first (we are the responder)
+        for (std::uint32_t i = 0; i < kQps; ++i) m.send(i);
+        m.ctx->run_until([] { return false; }, 100ms);
+        listener.reset();
+        return m.end(0);
+    };
+    auto client = [](const PeerConfig& cfg) {
+        Many m(cfg);
+        std::uint32_t established = 0;
+        for (std::uint32_t i = 0; i < kQps; ++i) {
+            m.ids.push_back(m.ctx->connect(cfg.peer, cfg.tcp_port, *m.qps[i],
+                                           {.private_data = std::as_bytes(std::span(&i, 1))}));
+            // A few at a time: the server's listen queue is the accept callback, but SYNs still cost mbufs.
+            if (i % 64 == 63)
+                m.ctx->run_until([&] {
+                    while (auto ev = m.ctx->get_cm_event()) {
+                        if (ev->type != verbs::CmEventType::established)
+                            throw std::runtime_error(std::string("client CM event ") + verbs::to_string(ev->type) + ": " + ev->reason);
+                        ++established;
+                    }
+                    return established == i + 1;
+                }, 30s);
+        }
+        if (established != kQps) throw std::runtime_error("established " + std::to_string(established));
+        for (std::uint32_t i = 0; i < kQps; ++i) m.send(i);
+        m.receive_all();
+        report("1024 QPs exchanged");
+        return m.end(0);
+    };
+    check_outcomes(run_pair(server, client));
+}
+
+TEST_CASE("a peer that accepts TCP but never answers MPA: unreachable after the reply time limit", "[verbs][memif]") {
+    auto server = [](const PeerConfig& cfg) {
+        Peer p(cfg, 64, verbs::access::local_write);
+        // A plain TCP listener (no MPA): takes the connection, ignores the request, closes when the peer does.
+        struct Mute : stack::TcpConnection::Handler, stack::TcpListener::Handler {
+            std::unique_ptr<stack::TcpConnection> conn;
+            bool gone = false;
+            void on_accept(std::unique_ptr<stack::TcpConnection> c) override {
+                c->set_handler(this);
+                conn = std::move(c);
+            }
+            void on_receive(stack::TcpConnection&, stack::RecvBuffer) override {}
+            void on_remote_close(stack::TcpConnection& c) override {
+                c.close();
+                gone = true;
+            }
+            void on_error(stack::TcpConnection&, stack::TcpError) override { gone = true; }
+        } mute;
+        {
+            stack::TcpListener l(p.ctx->stack(), cfg.tcp_port, mute);
+            p.ctx->run_until([&] { return mute.gone; }, kWait);
+            mute.conn.reset();
+        }
+        p.disconnected = true;
+        return p.end(mute.gone ? 0 : 1);
+    };
+    auto client = [](const PeerConfig& cfg) {
+        Peer p(cfg, 64, verbs::access::local_write);
+        p.post_recv(5, 0, 64);
+        const auto t0 = std::chrono::steady_clock::now();
+        p.id = p.ctx->connect(cfg.peer, cfg.tcp_port, *p.qp, {.mpa_timeout = 500ms});
+        auto ev = p.wait_event(verbs::CmEventType::unreachable);
+        const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        report("unreachable after " + std::to_string(secs) + " s: " + ev.reason);
+        if (secs < 0.45 || secs > 3) throw std::runtime_error("time limit not kept");
+        Peer::expect(p.wait_wc(1)[0], WcStatus::wr_flush_err, WcOpcode::recv, 5);
+        p.disconnected = true;
+        return p.end(0);
+    };
+    check_outcomes(run_pair(server, client));
+}

@@ -1,0 +1,198 @@
+// SPDX-License-Identifier: MIT
+// verbs between two processes over memif (the fixture: tests/verbs/fixture.hpp; every case runs in both threading
+// modes). What a peer is refused: each violation draws its TERMINATE, both QPs go to ERR and every outstanding WR
+// is flushed, in posting order.
+#include <catch2/catch.hpp>
+
+#include <poll.h>
+#include <sys/epoll.h>
+
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <set>
+#include <stdexcept>
+#include <thread>
+
+#include "ddp/header.hpp"
+#include "rdmap/messages.hpp"
+#include "rdmap/upper.hpp"
+#include "mpa/fpdu.hpp"
+#include "tests/support/checks.hpp"
+#include "tests/support/processes.hpp"
+#include "tests/support/tcp_roles.hpp"
+#include "stack/tcp.hpp"
+#include "tests/verbs/fixture.hpp"
+#include "tests/wire/pcap.hpp"
+#include "verbs/verbs.hpp"
+
+using namespace softrdma;
+using namespace softrdma::test;
+using namespace softrdma::test::verbs_fixture;
+using namespace std::chrono_literals;
+using verbs::WcOpcode;
+using verbs::WcStatus;
+
+
+namespace {
+
+// The violation cases: the client does something the server must refuse. The server finds `want` (its
+// TerminateInfo::cause), sends the TERMINATE the security policy allows (SecurityConfig::opaque_access_errors,
+// on by default: every failed access to its memory reads "invalid STag", DDP's for a tagged offence, RDMAP's
+// for a READ or atomic request) and goes to ERR with its receives flushed; the client receives that TERMINATE
+// and goes to ERR with its receives (and any outstanding send WR) flushed.
+// `consumed`: how many of the server's two receives the offence uses first (they complete successfully; the
+// rest are flushed). `wrong_pd`: the server advertises a region of another PD. `tagged`: the offence is a
+// tagged message (WRITE), not a READ/atomic request.
+void violation_case(const std::function<void(Peer&)>& offend, const TermCode want, std::uint32_t server_access,
+                    int consumed = 0, bool wrong_pd = false, bool tagged = true) {
+    const TermCode wire = rdmap::opaque_access_error(want, tagged);
+    auto server = [&](const PeerConfig& cfg) {
+        Peer p(cfg, 4096, server_access);
+        std::vector<std::byte> other(4096);
+        auto pd2 = p.ctx->alloc_pd();
+        auto mr2 = pd2->reg_mr(other, kAll);
+        p.post_recv(1, 0, 64);
+        p.post_recv(2, 64, 64);
+        p.serve(wrong_pd ? std::optional(RemoteRegion{mr2->addr(), mr2->rkey(), 4096}) : std::nullopt);
+        auto wc = p.wait_wc(2);
+        for (int i = 0; i < 2; ++i)
+            Peer::expect(wc[i], i < consumed ? WcStatus::success : WcStatus::wr_flush_err, WcOpcode::recv, 1 + i);
+        p.wait_event(verbs::CmEventType::disconnected);
+        const auto& t = p.qp->terminate_info();
+        if (!t || t->received) throw std::runtime_error("server sent no TERMINATE");
+        report("server: " + t->describe() + ", QP " + verbs::to_string(p.qp->state()));
+        if (!(t->cause == want)) throw std::runtime_error("wrong cause " + term_str(t->cause) + ", wanted " + term_str(want));
+        if (!(t->code == wire)) throw std::runtime_error("wrong TERMINATE " + term_str(t->code) + ", wanted " + term_str(wire));
+        if (p.qp->state() != verbs::QpState::err) throw std::runtime_error("server QP not in ERR");
+        mr2.reset();
+        return p.end(0);
+    };
+    auto client = [&](const PeerConfig& cfg) {
+        Peer p(cfg, 4096, verbs::access::local_write);
+        p.post_recv(7, 0, 64);
+        p.connect();
+        offend(p);
+        p.wait_event(verbs::CmEventType::disconnected);
+        const auto& t = p.qp->terminate_info();
+        if (!t || !t->received) throw std::runtime_error("client received no TERMINATE");
+        report("client: " + t->describe() + ", QP " + verbs::to_string(p.qp->state()));
+        if (!(t->code == wire)) throw std::runtime_error("wrong TERMINATE " + term_str(t->code) + ", wanted " + term_str(wire));
+        if (p.qp->state() != verbs::QpState::err) throw std::runtime_error("client QP not in ERR");
+        // Completions: the offending WR (success when framed, as siw), flushed receive, flushed READ.
+        std::array<verbs::WorkCompletion, 16> wcs;
+        const std::size_t n = p.cq->poll(wcs);
+        bool recv_flushed = false, read_flushed = false;
+        for (std::size_t i = 0; i < n; ++i) {
+            if (wcs[i].wr_id == 7 && wcs[i].status == WcStatus::wr_flush_err) recv_flushed = true;
+            if (wcs[i].wr_id == 99 && wcs[i].status == WcStatus::wr_flush_err) read_flushed = true;
+        }
+        if (!recv_flushed || !read_flushed) throw std::runtime_error("client WRs not flushed");
+        // Posting in ERR completes at once with a flush error.
+        const verbs::SendWr more{.wr_id = 100, .opcode = verbs::WrOpcode::send};
+        if (!p.qp->post_send({&more, 1}).ok()) throw std::runtime_error("post in ERR refused");
+        Peer::expect(p.wait_wc(1)[0], WcStatus::wr_flush_err, WcOpcode::send, 100);
+        p.disconnected = true;
+        return p.end(0);
+    };
+    check_outcomes(run_pair(server, client));
+}
+
+// The offending WR, then a READ queued behind it: the server fails on the offence first and never answers
+// the READ, so it is outstanding when the TERMINATE arrives and is flushed at the client.
+void post_offence_then_read(Peer& p, const verbs::SendWr& bad) {
+    p.post_send(bad);
+    const verbs::Sge s = p.mr->sge(1024, 16);
+    p.post_send({.wr_id = 99, .opcode = verbs::WrOpcode::rdma_read, .send_flags = verbs::send_flags::signaled,
+                 .sg_list = {&s, 1}, .rdma = {p.remote.addr, 0x0}});  // STag 0: never answered anyway
+}
+
+}  // namespace
+
+TEST_CASE("WRITE without the remote-write right: TERMINATE access violation, ERR and flushes at both ends",
+          "[verbs][memif]") {
+    violation_case(
+        [](Peer& p) {
+            const verbs::Sge s = p.mr->sge(0, 32);
+            post_offence_then_read(p, {.wr_id = 1, .opcode = verbs::WrOpcode::rdma_write, .sg_list = {&s, 1},
+                                       .rdma = {p.remote.addr, p.remote.rkey}});
+        },
+        rdmap::err::p_access, verbs::access::local_write | verbs::access::remote_read);
+}
+
+TEST_CASE("WRITE with a stale key: TERMINATE invalid STag at the peer", "[verbs][memif]") {
+    violation_case(
+        [](Peer& p) {
+            const verbs::Sge s = p.mr->sge(0, 32);
+            post_offence_then_read(p, {.wr_id = 1, .opcode = verbs::WrOpcode::rdma_write, .sg_list = {&s, 1},
+                                       .rdma = {p.remote.addr, p.remote.rkey ^ 0x01u}});
+        },
+        ddp::err::t_invalid_stag, kAll);
+}
+
+TEST_CASE("SEND without a posted receive: TERMINATE no buffer", "[verbs][memif]") {
+    // The server posts two receives; the client sends three.
+    violation_case(
+        [](Peer& p) {
+            for (int i = 0; i < 2; ++i)
+                p.post_send({.wr_id = 50u + i, .opcode = verbs::WrOpcode::send});
+            post_offence_then_read(p, {.wr_id = 52, .opcode = verbs::WrOpcode::send});
+        },
+        ddp::err::u_no_buffer, kAll, /*consumed=*/2);
+}
+
+TEST_CASE("READ without the remote-read right: TERMINATE access violation", "[verbs][memif]") {
+    violation_case(
+        [](Peer& p) {
+            const verbs::Sge s = p.mr->sge(0, 32);
+            post_offence_then_read(p, {.wr_id = 98, .opcode = verbs::WrOpcode::rdma_read, .sg_list = {&s, 1},
+                                       .rdma = {p.remote.addr, p.remote.rkey}});
+        },
+        rdmap::err::p_access, verbs::access::local_write | verbs::access::remote_write, 0, false, /*tagged=*/false);
+}
+
+TEST_CASE("fetch-add without the remote-atomic right: TERMINATE access violation", "[verbs][memif]") {
+    violation_case(
+        [](Peer& p) {
+            const verbs::Sge s = p.mr->sge(0, 8);
+            post_offence_then_read(p, {.wr_id = 98, .opcode = verbs::WrOpcode::atomic_fetch_and_add,
+                                       .sg_list = {&s, 1}, .atomic = {p.remote.addr, 1, 0, p.remote.rkey}});
+        },
+        rdmap::err::p_access, verbs::access::local_write | verbs::access::remote_write | verbs::access::remote_read, 0,
+        false, /*tagged=*/false);
+}
+
+TEST_CASE("WRITE above and below the region: TERMINATE base or bounds", "[verbs][memif]") {
+    for (const std::int64_t at : {std::int64_t{4096 - 16}, std::int64_t{-8}}) {
+        INFO("offset " << at);
+        violation_case(
+            [at](Peer& p) {
+                const verbs::Sge s = p.mr->sge(0, 32);
+                post_offence_then_read(p, {.wr_id = 1, .opcode = verbs::WrOpcode::rdma_write, .sg_list = {&s, 1},
+                                           .rdma = {p.remote.addr + static_cast<std::uint64_t>(at), p.remote.rkey}});
+            },
+            ddp::err::t_base_bounds, kAll);
+    }
+}
+
+TEST_CASE("WRITE to a region of another PD: TERMINATE STag not associated", "[verbs][memif]") {
+    violation_case(
+        [](Peer& p) {
+            const verbs::Sge s = p.mr->sge(0, 32);
+            post_offence_then_read(p, {.wr_id = 1, .opcode = verbs::WrOpcode::rdma_write, .sg_list = {&s, 1},
+                                       .rdma = {p.remote.addr, p.remote.rkey}});
+        },
+        ddp::err::t_stag_not_assoc, kAll, 0, /*wrong_pd=*/true);
+}
+
+TEST_CASE("WRITE to an STag the peer invalidated by SEND_INV: TERMINATE invalid STag", "[verbs][memif]") {
+    violation_case(
+        [](Peer& p) {
+            p.post_send({.wr_id = 60, .opcode = verbs::WrOpcode::send_with_inv, .invalidate_rkey = p.remote.rkey});
+            const verbs::Sge s = p.mr->sge(0, 32);
+            post_offence_then_read(p, {.wr_id = 1, .opcode = verbs::WrOpcode::rdma_write, .sg_list = {&s, 1},
+                                       .rdma = {p.remote.addr, p.remote.rkey}});
+        },
+        ddp::err::t_invalid_stag, kAll | verbs::access::remote_invalidate, /*consumed=*/1);
+}
+
