@@ -80,7 +80,7 @@ public:
 struct Sender {
     explicit Sender(std::uint32_t emss, std::uint32_t sq_depth)
         : tx(mpa::FpduTxConfig{.crc = true, .markers = false, .emss = emss}), framer(tx),
-          ep(upper, framer, rdmap::Config{sq_depth, 16, 16}) {}
+          ep(rdmap::Role::tx, upper, framer, rdmap::Config{sq_depth, 16, 16}) {}
     BenchUpper upper;
     mpa::FpduTx tx;
     rdmap::FpduFramer framer;
@@ -94,11 +94,9 @@ struct Sender {
 
 // A receiving endpoint fed through the deframer, CRC on.
 struct Receiver {
-    Receiver() : ep(upper, framer, rdmap::Config{}), deframer(mpa::DeframerConfig{.crc = true}) {}
+    Receiver() : ep(rdmap::Role::rx, upper, rdmap::no_framer(), rdmap::Config{}), deframer(mpa::DeframerConfig{.crc = true}) {}
     BenchUpper upper;
-    mpa::FpduTx tx{mpa::FpduTxConfig{.crc = true}};  // used only for a TERMINATE, which a clean run never sends
-    rdmap::FpduFramer framer{tx};
-    rdmap::Endpoint ep;
+    rdmap::Endpoint ep;  // the receive half, as a QP's (a TERMINATE would go to a tx endpoint: a clean run sends none)
     mpa::Deframer<rdmap::Endpoint> deframer;
 
     // Feeds `wire` in `segment`-byte pieces; false on any protocol error.

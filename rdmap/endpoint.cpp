@@ -72,8 +72,9 @@ std::size_t sgl_length(const WorkRequest& wr) {
 
 }  // namespace
 
-Endpoint::Endpoint(Upper& upper, Framer& framer, Config cfg)
-    : upper_(upper),
+Endpoint::Endpoint(Role role, Upper& upper, Framer& framer, Config cfg)
+    : role_(role),
+      upper_(upper),
       framer_(framer),
       cfg_(cfg),
       sq_(std::max<std::uint32_t>(cfg.sq_depth, 1)),
@@ -139,33 +140,26 @@ void Endpoint::enter_error_received(TermCode code, const TerminateHeader& th, st
 
 // ---- split endpoints ----------------------------------------------------------------------------------------
 
+// tx counts the requests it framed until request_done(); rx holds them (expect_response) until their response.
 std::uint32_t Endpoint::orq_outstanding() const {
-    return cfg_.role == Role::tx ? orq_sent_ : static_cast<std::uint32_t>(orq_.size());
+    return role_ == Role::tx ? orq_sent_ : static_cast<std::uint32_t>(orq_.size());
 }
+// rx counts the requests it accepted minus those tx answered; tx holds them (answer) until answered.
 std::uint32_t Endpoint::irq_outstanding() const {
-    if (cfg_.role == Role::rx && cfg_.answered != nullptr)
-        return irq_in_ - cfg_.answered->load(std::memory_order_acquire);
+    if (role_ == Role::rx) return irq_in_ - (cfg_.answered != nullptr ? cfg_.answered->load(std::memory_order_acquire) : 0);
     return static_cast<std::uint32_t>(irq_.size());
 }
-void Endpoint::push_orq(const OrqEntry& e) {
-    if (cfg_.role == Role::tx) {
-        ++orq_sent_;
-        upper_.on_request_sent(e);
-    } else {
-        orq_.push(e);
-    }
+void Endpoint::push_orq(const OrqEntry& e) {  // tx: a request framed
+    ++orq_sent_;
+    upper_.on_request_sent(e);
 }
-void Endpoint::push_irq(const IrqEntry& e) {
-    if (cfg_.role == Role::rx) {
-        ++irq_in_;
-        upper_.on_inbound_request(e);
-    } else {
-        irq_.push(e);
-    }
+void Endpoint::push_irq(const IrqEntry& e) {  // rx: an inbound request accepted
+    ++irq_in_;
+    upper_.on_inbound_request(e);
 }
-void Endpoint::pop_irq() {
+void Endpoint::pop_irq() {  // tx: answered
     irq_.pop();
-    if (cfg_.role == Role::tx && cfg_.answered != nullptr) cfg_.answered->fetch_add(1, std::memory_order_release);
+    if (cfg_.answered != nullptr) cfg_.answered->fetch_add(1, std::memory_order_release);
 }
 void Endpoint::expect_response(const OrqEntry& e) {
     if (state_ == State::operational && !orq_.full()) orq_.push(e);  // never full: the tx side keeps ORD

@@ -64,21 +64,21 @@ struct WorkRequest {
 
 enum class PostStatus : std::uint8_t { ok, queue_full, bad_wr, not_operational, not_agreed };
 
-// Which half of the stream an endpoint runs. `both` is one endpoint on one thread. With an RX thread, a
-// stream has two endpoints: `tx` on the application thread (posting, framing, READ/atomic responses, the
-// TERMINATE) and `rx` on the RX thread (deframed input, placement, completions of inbound messages). What one
-// half learns that the other needs goes through Upper (on_request_sent, on_inbound_request, on_terminate) and
-// comes back in through expect_response / answer / send_terminate / stop; the upper layer carries it between
-// the threads. The ORD/IRD credits stay exact: the tx endpoint counts requests until request_done(); the rx
-// endpoint counts inbound requests minus `answered`, which the tx endpoint advances (shared atomic).
-enum class Role : std::uint8_t { both, tx, rx };
+// Which half of a stream an endpoint runs. A stream has two endpoints, as a QP has two halves: `tx` (posting,
+// framing, READ/atomic responses, the TERMINATE) and `rx` (deframed input, placement, completions of inbound
+// messages and of our READ/atomic requests). With an RX thread they run on two threads; rdmap::Duplex
+// (duplex.hpp) joins them on one. What one half learns that the other needs goes through Upper
+// (on_request_sent, on_inbound_request, on_terminate) and comes back in through expect_response / answer /
+// send_terminate / stop; the layer above carries it (between the threads, or by a direct call). The ORD/IRD
+// credits stay exact: the tx endpoint counts requests until request_done(); the rx endpoint counts inbound
+// requests minus `answered`, which the tx endpoint advances (shared atomic).
+enum class Role : std::uint8_t { tx, rx };
 
 struct Config {
     std::uint32_t sq_depth{64};  // WRs posted and not yet handed to the wire (or awaiting a response)
     std::uint16_t ird{16};       // inbound READ + atomic requests we hold for answer (MPA-negotiated IRD)
     std::uint16_t ord{16};       // outbound READ + atomic requests outstanding (MPA-negotiated ORD)
-    Role role{Role::both};
-    // Role tx/rx: inbound requests the tx endpoint has answered (written by tx, read by rx). Borrowed.
+    // Inbound requests the tx endpoint has answered (written by tx, read by rx). Borrowed; null: none counted.
     std::atomic<std::uint32_t>* answered{nullptr};
     // RFC 7306 (Immediate Data, Atomic Request/Response, opcodes 8-11) on this stream. RFC 7306 leaves the
     // agreement to the ULP (nothing in MPA negotiates it): off, post() refuses those operations (not_agreed)
@@ -96,8 +96,9 @@ enum class State : std::uint8_t { operational, error };
 
 class Endpoint {
 public:
-    // `upper` and `framer` are borrowed and must outlive the endpoint.
-    Endpoint(Upper& upper, Framer& framer, Config cfg);
+    // `upper` and `framer` are borrowed and must outlive the endpoint. An rx endpoint frames nothing (its
+    // TERMINATE goes to the tx endpoint as TermReport::frame): pass rdmap::no_framer().
+    Endpoint(Role role, Upper& upper, Framer& framer, Config cfg);
     Endpoint(const Endpoint&) = delete;
     Endpoint& operator=(const Endpoint&) = delete;
 
@@ -137,7 +138,7 @@ public:
     // ---- errors from below: the deframer's error (CRC, bad length, ...) enters the choke point here ------
     void on_llp_error(TermCode code);
 
-    // ---- split endpoints (Config::role) ---------------------------------------------------------------------
+    // ---- the other half (see Role) ----------------------------------------------------------------------------
     // rx: a request the tx endpoint framed (its Upper::on_request_sent), expected back in order.
     void expect_response(const OrqEntry& e);
     // tx: the response to one of our requests arrived at the rx endpoint (completed or flushed): a credit back.
@@ -236,6 +237,7 @@ private:
     void push_irq(const IrqEntry& e);
     void pop_irq();
 
+    Role role_;
     Upper& upper_;
     Framer& framer_;
     Config cfg_;

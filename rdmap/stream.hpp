@@ -32,9 +32,11 @@ private:
     mpa::FpduTx& tx_;
 };
 
-// Feeds `in` (caller-owned, borrowed for the call) to the deframer, which calls the endpoint. Any error ends
-// the stream through Endpoint::on_llp_error (a no-op when the endpoint already failed and built its TERMINATE).
-inline ProtoStatus receive(mpa::Deframer<Endpoint>& deframer, Endpoint& ep, std::span<const std::byte> in) {
+// Feeds `in` (caller-owned, borrowed for the call) to the deframer, which calls the receiving endpoint (an rx
+// Endpoint, or a Duplex). Any error ends the stream through on_llp_error (a no-op when the endpoint already
+// failed and built its TERMINATE).
+template <class Receiver>
+ProtoStatus receive(mpa::Deframer<Receiver>& deframer, Receiver& ep, std::span<const std::byte> in) {
     const ProtoStatus st = deframer.feed(in, ep);
     if (st) ep.on_llp_error(*st);
     return st;

@@ -86,11 +86,10 @@ void RxHalf::start(const mpa::Agreed& agreed, const rdmap::Config& cfg, RxEventS
     sink_ = &sink;
     placed_ = &placed;
     deframer_.emplace(mpa::rx_config(agreed));
-    rdmap::Config c = cfg;
-    c.role = rdmap::Role::rx;
-    ep_.emplace(*this, rdmap::no_framer(), c);
+    ep_.emplace(rdmap::Role::rx, *this, rdmap::no_framer(), cfg);
     if (cycles != nullptr) ep_->count_cycles(cycles, nullptr);
     first_ = true;
+    term_pending_ = false;
     OrqMsg m;
     while (orq_.pop(m)) {  // a previous stream's
     }
@@ -110,6 +109,10 @@ void RxHalf::deliver(std::span<const std::byte> bytes) noexcept {
     const std::uint64_t before = ep_->placed_bytes();
     rdmap::receive(*deframer_, *ep_, bytes);
     placed_->fetch_add(ep_->placed_bytes() - before, std::memory_order_relaxed);
+    if (term_pending_) {  // after the endpoint flushed its outstanding requests (on_terminate)
+        term_pending_ = false;
+        sink_->emit(term_);
+    }
 }
 
 void RxHalf::end_of_delivery() noexcept {
@@ -154,12 +157,16 @@ void RxHalf::on_completion(const rdmap::Completion& c) {
     sink_->emit(RxEvent{.kind = RxEvent::Kind::request_done, .slot = c.wr_id, .ok = ok});
 }
 
+// The stream failed here, or the peer's TERMINATE arrived. The event goes out when the endpoint call returns
+// (deliver), after the endpoint flushed the requests it holds: the QP's tx half flushes the send queue when it
+// applies the event, so flushes complete in posting order (requests on the wire first, as siw flushes its ORQ
+// before its SQ).
 void RxHalf::on_terminate(const rdmap::TermReport& t) {
-    RxEvent e{.kind = RxEvent::Kind::terminate, .code = t.code, .raw = t.raw, .cause = t.cause, .received = t.received};
-    const std::size_t n = std::min(t.frame.size(), e.term.size());
-    if (n != 0) std::memcpy(e.term.data(), t.frame.data(), n);  // a received TERMINATE has no frame to send
-    e.term_len = static_cast<std::uint8_t>(n);
-    sink_->emit(e);
+    term_ = RxEvent{.kind = RxEvent::Kind::terminate, .code = t.code, .raw = t.raw, .cause = t.cause, .received = t.received};
+    const std::size_t n = std::min(t.frame.size(), term_.term.size());
+    if (n != 0) std::memcpy(term_.term.data(), t.frame.data(), n);  // a received TERMINATE has no frame to send
+    term_.term_len = static_cast<std::uint8_t>(n);
+    term_pending_ = true;
 }
 
 void RxHalf::on_inbound_request(const rdmap::IrqEntry& r) { sink_->emit(RxEvent{.kind = RxEvent::Kind::inbound, .irq = r}); }

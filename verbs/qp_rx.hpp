@@ -142,6 +142,8 @@ private:
     std::optional<mpa::Deframer<rdmap::Endpoint>> deframer_;
     std::optional<rdmap::Endpoint> ep_;
     bool first_{true};  // the stream's first bytes are still to come (first_bytes event)
+    RxEvent term_{};    // on_terminate's event, emitted when the endpoint call returns
+    bool term_pending_{false};
 };
 
 // The sink with an RX thread: an SPSC ring the application thread drains (RX thread -> application thread), and

@@ -14,9 +14,7 @@ void TxHalf::start(rdmap::Upper& upper, const mpa::Agreed& agreed, std::uint32_t
     framer_.reset();
     fpdu_tx_.emplace(mpa::tx_config(agreed, emss));
     framer_.emplace(*fpdu_tx_);
-    rdmap::Config c = cfg;
-    c.role = rdmap::Role::tx;
-    ep_.emplace(upper, *framer_, c);
+    ep_.emplace(rdmap::Role::tx, upper, *framer_, cfg);
     if (cycles_framer != nullptr) ep_->count_cycles(nullptr, cycles_framer);
     cycles_proto_ = cycles_proto;
     cycles_lwip_ = cycles_lwip;

@@ -14,6 +14,7 @@
 #include "mpa/deframer.hpp"
 #include "mpa/fpdu.hpp"
 #include "mpa/frames.hpp"
+#include "rdmap/duplex.hpp"
 #include "rdmap/endpoint.hpp"
 #include "rdmap/stream.hpp"
 #include "tests/wire/pcap.hpp"
@@ -114,7 +115,7 @@ void replay(std::span<const std::byte> in, std::span<const std::byte> out, bool 
     mpa::FpduTx tx(mpa::FpduTxConfig{crc, false, 1448});
     FpduFramer framer(tx);
     const auto n_reads = static_cast<std::uint32_t>(ours.reads.size());
-    Endpoint ep(upper, framer, Config{.sq_depth = n_reads + 1, .ird = 4096, .ord = static_cast<std::uint16_t>(n_reads + 1)});
+    Duplex ep(upper, framer, Config{.sq_depth = n_reads + 1, .ird = 4096, .ord = static_cast<std::uint16_t>(n_reads + 1)});
     for (const ReadRequest& rr : ours.reads) {
         WorkRequest w;
         w.op = WrOp::read;
@@ -129,7 +130,7 @@ void replay(std::span<const std::byte> in, std::span<const std::byte> out, bool 
     while (ep.pull_tx(sink) != 0) {
     }
     CHECK(ep.orq_outstanding() == n_reads);
-    mpa::Deframer<Endpoint> deframer(mpa::DeframerConfig{.crc = crc});
+    mpa::Deframer<Duplex> deframer(mpa::DeframerConfig{.crc = crc});
     for (std::size_t at = 0; at < in.size() && ep.state() == State::operational; at += chunk) {
         CHECK_FALSE(receive(deframer, ep, in.subspan(at, std::min(chunk, in.size() - at))));
         while (ep.pull_tx(sink) != 0) {  // READ responses we owe: served from the permissive memory

@@ -886,6 +886,45 @@ TEST_CASE("received TERMINATE: reported, posted work flushed, no TERMINATE back"
     CHECK(a.upper.terminates.size() == 1);
 }
 
+// A stream that fails flushes in posting order, as siw does (its ORQ, then its SQ): the READ already on the
+// wire, held by the rx endpoint until its response, completes before the SEND still queued at the tx endpoint,
+// whichever half saw the failure.
+TEST_CASE("failure: flushes complete in posting order, requests on the wire before the send queue",
+          "[rdmap][terminate]") {
+    Side a;
+    WorkRequest r;
+    r.op = WrOp::read;
+    r.wr_id = 1;
+    r.local_stag = 1;
+    r.remote_stag = 1;
+    r.read_len = 8;
+    REQUIRE(a.ep.post(r) == PostStatus::ok);
+    REQUIRE(split_fpdus(a.drain()).size() == 1);  // the READ request is on the wire
+    const auto p = bytes_of(10, 1);
+    REQUIRE(a.ep.post(send_wr(2, p)) == PostStatus::ok);  // queued, not yet framed
+    SECTION("a protocol error found here (TERMINATE sent)") {
+        CHECK(a.feed(make_fpdu(untagged(Opcode::send, true, 5, 1, 0))) == ddp::err::u_invalid_qn);
+        CHECK(a.upper.terminates.size() == 1);
+        CHECK(split_fpdus(a.drain()).size() == 1);  // the TERMINATE, and not the SEND
+    }
+    SECTION("a TERMINATE received") {
+        std::vector<std::byte> h = untagged(Opcode::terminate, true, kQnTerminate, 1, 0);
+        store_be32(h, 18, TerminateHeader{err::o_opcode, false, false, false}.word());
+        a.feed(make_fpdu(h));
+        CHECK(a.drain().empty());
+    }
+    SECTION("stop()") {
+        a.ep.stop(mpa::kTermConnectionLost);
+        CHECK(a.drain().empty());
+    }
+    CHECK(a.ep.state() == State::error);
+    REQUIRE(a.upper.completions.size() == 2);
+    CHECK(a.upper.completions[0].wr_id == 1);
+    CHECK(a.upper.completions[0].status == WcStatus::flushed);
+    CHECK(a.upper.completions[1].wr_id == 2);
+    CHECK(a.upper.completions[1].status == WcStatus::flushed);
+}
+
 // RFC 7306 is agreed out of band (Config::rfc7306). Without it: nothing of it is posted, and an inbound RFC 7306
 // message is what Linux siw answers it with: TERMINATE, RDMAP remote operation, unexpected opcode (0x06).
 TEST_CASE("RFC 7306 not agreed: post refuses immediate data and atomics; inbound ones draw unexpected opcode",

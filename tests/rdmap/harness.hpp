@@ -17,6 +17,7 @@
 #include "base/byteorder.hpp"
 #include "mpa/deframer.hpp"
 #include "mpa/fpdu.hpp"
+#include "rdmap/duplex.hpp"
 #include "rdmap/endpoint.hpp"
 #include "rdmap/stream.hpp"
 #include "rdmap/upper.hpp"
@@ -125,8 +126,8 @@ struct Side {
     FakeUpper upper;
     mpa::FpduTx tx;
     rdmap::FpduFramer framer;
-    rdmap::Endpoint ep;
-    mpa::Deframer<rdmap::Endpoint> rx;
+    rdmap::Duplex ep;  // the stream's tx and rx endpoints, joined as a QP joins them
+    mpa::Deframer<rdmap::Duplex> rx;
 
     // Feeds bytes to this side's RX in pieces of `chunk` (TCP cuts the stream anywhere), each piece one
     // delivery (end_of_input() after it, as after one TCP segment).

@@ -196,3 +196,42 @@ TEST_CASE("WRITE to an STag the peer invalidated by SEND_INV: TERMINATE invalid 
         ddp::err::t_invalid_stag, kAll | verbs::access::remote_invalidate, /*consumed=*/1);
 }
 
+// A TERMINATE flushes in posting order, as siw does (its ORQ, then its SQ) and as verbs applications read a
+// send CQ: with ORD 1, a READ the peer refuses is on the wire, a second READ waits for the credit and a SEND
+// waits behind it; the TERMINATE flushes the READ on the wire first (held by the receive half), then the two
+// still queued (held by the transmit half), whichever thread ran the receive half.
+TEST_CASE("a TERMINATE flushes the send queue in posting order: the request on the wire first", "[verbs][memif]") {
+    auto server = [](const PeerConfig& cfg) {
+        Peer p(cfg, 4096, kAll);
+        p.serve();
+        p.wait_event(verbs::CmEventType::disconnected);
+        const auto& t = p.qp->terminate_info();
+        if (!t || t->received) throw std::runtime_error("server sent no TERMINATE");
+        return p.end(0);
+    };
+    auto client = [](const PeerConfig& cfg) {
+        Peer p(cfg, 4096, verbs::access::local_write);
+        p.conn.initiator_depth = 1;  // ORD 1: the second READ waits in the send queue
+        p.connect();
+        const verbs::Sge s1 = p.mr->sge(0, 16), s2 = p.mr->sge(64, 16), s3 = p.mr->sge(128, 16);
+        const verbs::SendWr wrs[] = {
+            {.wr_id = 1, .opcode = verbs::WrOpcode::rdma_read, .send_flags = verbs::send_flags::signaled,
+             .sg_list = {&s1, 1}, .rdma = {p.remote.addr, p.remote.rkey ^ 0x100u}},  // an STag the server refuses
+            {.wr_id = 2, .opcode = verbs::WrOpcode::rdma_read, .send_flags = verbs::send_flags::signaled,
+             .sg_list = {&s2, 1}, .rdma = {p.remote.addr, p.remote.rkey}},
+            {.wr_id = 3, .opcode = verbs::WrOpcode::send, .send_flags = verbs::send_flags::signaled,
+             .sg_list = {&s3, 1}},
+        };
+        if (!p.qp->post_send(wrs).ok()) throw std::runtime_error("post_send refused");
+        p.wait_event(verbs::CmEventType::disconnected);
+        const auto wc = p.wait_wc(3);
+        std::string got;
+        for (const auto& w : wc) got += " " + std::to_string(w.wr_id) + ":" + verbs::to_string(w.status);
+        report("client completions:" + got);
+        Peer::expect(wc[0], WcStatus::wr_flush_err, WcOpcode::rdma_read, 1);
+        Peer::expect(wc[1], WcStatus::wr_flush_err, WcOpcode::rdma_read, 2);
+        Peer::expect(wc[2], WcStatus::wr_flush_err, WcOpcode::send, 3);
+        return p.end(0);
+    };
+    check_outcomes(run_pair(server, client));
+}

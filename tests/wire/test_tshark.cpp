@@ -20,6 +20,7 @@
 #include <utility>
 
 #include "mpa/negotiation.hpp"
+#include "rdmap/duplex.hpp"
 #include "rdmap/endpoint.hpp"
 #include "rdmap/stream.hpp"
 #include "tests/wire/iwarp_trace.hpp"
@@ -87,8 +88,8 @@ struct Side {
     MemoryUpper upper;
     mpa::FpduTx tx;
     rdmap::FpduFramer framer;
-    rdmap::Endpoint ep;
-    mpa::Deframer<rdmap::Endpoint> deframer;
+    rdmap::Duplex ep;
+    mpa::Deframer<rdmap::Duplex> deframer;
     bool markers_tx;
     std::uint64_t tx_pos{0};
     std::size_t fpdus_sent{0};
