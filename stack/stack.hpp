@@ -4,7 +4,8 @@
 //
 // Threads: lwIP is single-threaded. The thread that constructs the Stack owns it (and so every TCP object
 // of this process): only it may call poll(), connect(), listen() or any TcpConnection method. Debug builds
-// assert this. The io::Port's RX path stays free of lwIP so a later RX thread can run it.
+// assert this. With an RX thread (threading/), that thread polls the io::Port and hands frames in through
+// input_external() / input_headers(); lwIP itself stays on the owner thread.
 #pragma once
 
 #include <chrono>

@@ -12,9 +12,11 @@ enum class Mode {
     // One thread (the application's) polls DPDK, runs lwIP, MPA/DDP/RDMAP and TX inside Context::poll().
     // For machines with few cores: nothing else competes for the core.
     run_to_completion,
-    // A dedicated RX thread polls DPDK, copies each received frame once into a buffer the application side
-    // owns and returns the mbuf at once; the application thread runs lwIP, the protocol and TX. They meet
-    // only through bounded lock-free SPSC rings (threading/rx_thread.hpp).
+    // A dedicated RX thread polls DPDK and returns each mbuf within its turn: frames of connections not yet
+    // in RDMA mode are copied into a slot the application side owns (lwIP takes it without a copy); the
+    // payload of each QP's stream is placed by the QP's receive half straight from the mbuf (the one copy),
+    // only the headers going on to lwIP. The application thread runs lwIP, the protocol's TX, completions and
+    // the CM. They meet only through bounded lock-free SPSC rings (threading/rx_thread.hpp).
     rx_thread,
 };
 
