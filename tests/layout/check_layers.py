@@ -1,0 +1,51 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
+# The layer picture of README.md ("Layout"), checked against the code: every #include "<folder>/..." in the
+# library's folders must name the folder itself or one the picture allows below it. A new upward or sideways
+# include fails here with the file and line, so the README and the includes cannot drift apart.
+import pathlib
+import re
+import sys
+
+# What each folder may include (besides itself): exactly the arrows of README.md's picture.
+ALLOWED = {
+    "base": set(),
+    "io": {"base"},
+    "stack": {"base", "io"},
+    "threading": {"base", "io", "stack"},
+    "mpa": {"base"},
+    "ddp": {"base"},
+    "rdmap": {"base", "ddp", "mpa"},
+    "verbs": {"base", "io", "stack", "threading", "mpa", "ddp", "rdmap"},
+}
+# The protocol layers know nothing of the packet path (DPDK, lwIP) either.
+FORBIDDEN_SYSTEM = {
+    "mpa": ("rte_", "lwip/"),
+    "ddp": ("rte_", "lwip/"),
+    "rdmap": ("rte_", "lwip/"),
+    "base": ("rte_", "lwip/"),
+}
+
+root = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else ".")
+include = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]')
+bad = []
+checked = 0
+for folder, allowed in ALLOWED.items():
+    for path in sorted((root / folder).rglob("*")):
+        if path.suffix not in (".hpp", ".cpp", ".h", ".c"):
+            continue
+        for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+            m = include.match(line)
+            if not m:
+                continue
+            checked += 1
+            target = m.group(1)
+            top = target.split("/", 1)[0] if "/" in target else None
+            if top in ALLOWED and top != folder and top not in allowed:
+                bad.append(f"{path.relative_to(root)}:{n}: {folder}/ includes {target} ({top}/ is not below {folder}/)")
+            if any(target.startswith(p) for p in FORBIDDEN_SYSTEM.get(folder, ())):
+                bad.append(f"{path.relative_to(root)}:{n}: {folder}/ includes {target} (no DPDK or lwIP here)")
+for b in bad:
+    print(b)
+print(f"{checked} includes checked, {len(bad)} against the layer picture")
+sys.exit(1 if bad or checked == 0 else 0)
