@@ -422,9 +422,8 @@ void Qp::start_stream(stack::TcpConnection& tcp, const mpa::Agreed& agreed, cons
                        .ord = agreed.ord, .answered = &answered_, .rfc7306 = p.rfc7306,
                        .opaque_access_errors = engine_.config().security.opaque_access_errors};
     answered_.store(0, std::memory_order_relaxed);
-    // The receive half reports to the QP directly, or through the ring the RX thread fills (RX thread mode).
-    rx_->start(agreed, ecfg, ring_ ? static_cast<RxEventSink&>(*ring_) : static_cast<RxEventSink&>(*this),
-              engine_.placed_bytes(), prof != nullptr ? &prof->ep_rx : nullptr);
+    // The receive half runs on this thread until a handover to the RX thread (on_marker): it reports to the QP.
+    rx_->start(agreed, ecfg, *this, engine_.placed_bytes(), prof != nullptr ? &prof->ep_rx : nullptr);
     tx_.start(*this, agreed, emss, ecfg, prof != nullptr ? &prof->framer : nullptr,
               prof != nullptr ? &prof->proto_tx : nullptr, prof != nullptr ? &prof->lwip_tx : nullptr);
     tx_.set_gate((!p.initiator && agreed.responder_waits_for_first_fpdu) || (p.initiator && p.hold_first));
@@ -479,7 +478,6 @@ void Qp::deliver(std::span<const std::byte> bytes) noexcept {
 
 void Qp::end_early_delivery() noexcept {
     if (rx_ && state_ != QpState::err) rx_->end_of_delivery();
-    drain_events();
 }
 
 void Qp::StreamHandler::on_receive(stack::TcpConnection&, stack::RecvBuffer data) {
@@ -488,7 +486,6 @@ void Qp::StreamHandler::on_receive(stack::TcpConnection&, stack::RecvBuffer data
     if (placed_elsewhere) return;  // stand-ins for what the RX thread placed (lwIP only counts them)
     data.for_each_segment([this](std::span<const std::byte> s) { qp.deliver(s); });
     if (qp.rx_) qp.rx_->end_of_delivery();
-    qp.drain_events();  // RX thread mode before the handover: what the receive half queued
 }
 
 void Qp::StreamHandler::on_sent(stack::TcpConnection&, std::size_t) { qp.schedule_tx(); }
@@ -530,6 +527,7 @@ void Qp::watch(stack::TcpConnection& tcp) noexcept {
 void Qp::on_marker() noexcept {
     if (flow_ < 0 || !ring_ || handed_over_ || state_ == QpState::err) return;
     ring_->ring_on(engine_.doorbell(), flow_);  // before go(): the doorbell is for the RX thread only (SPSC)
+    rx_->set_sink(*ring_);                       // its events travel through the ring from now
     handed_over_ = true;
     if (handler_) handler_->placed_elsewhere = true;  // lwIP's bytes of this stream are stand-ins from now
     engine_.rx_thread()->go(static_cast<std::uint16_t>(flow_));  // the RX thread owns the receive half from here
@@ -562,8 +560,11 @@ void Qp::detach_rx() noexcept {
     if (handler_) handler_->placed_elsewhere = false;
     const bool was_closing = closing_;
     closing_ = true;  // a flush, not a protocol error
-    if (rx_) rx_->stop();
-    drain_events();
+    drain_events();   // what the receive half reported on the RX thread comes first
+    if (rx_) {
+        rx_->set_sink(*this);  // it runs here again
+        rx_->stop();           // what it still held: flushed, applied at once
+    }
     closing_ = was_closing;
 }
 

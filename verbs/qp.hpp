@@ -1,8 +1,10 @@
 // SPDX-License-Identifier: MIT
 // detail::Qp: what a verbs::QueuePair is (internal to verbs). Posting (send slots, posted receives), the verbs
 // state, and the QP's stream once in RDMA mode: its receive half (qp_rx.hpp) and transmit half (qp_tx.hpp),
-// the same in both threading modes. What differs between the modes is only where the receive half runs and how
-// its events travel (the QP applies them at once, or drains the RX thread's ring), chosen at creation.
+// the same in both threading modes. What differs between the modes is only where the receive half runs and so
+// how its events travel: on this thread the QP is its event sink and applies each event at once; handed over to
+// the RX thread (on_marker) its sink is the ring the QP drains when the doorbell names it. The sink is switched
+// at the handover and back at detach_rx(), never tested per frame.
 //
 // At RDMA mode the stream takes the TCP connection's callbacks (StreamHandler): received bytes go straight to
 // the receive half, never through the connection manager; the CM keeps setup, close and errors, and talks to
@@ -119,7 +121,7 @@ private:
     void on_completion(const rdmap::Completion& c) override;
     void on_terminate(const rdmap::TermReport& t) override;
     void on_request_sent(const rdmap::OrqEntry& e) override;
-    // RxEventSink, run to completion: each event of the receive half applied at once.
+    // RxEventSink while the receive half runs on this thread: each event applied at once.
     void emit(const RxEvent& e) noexcept override { apply(e); }
     void apply(const RxEvent& e) noexcept;
 

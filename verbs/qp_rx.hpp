@@ -4,8 +4,10 @@
 // (WRITE, READ response), posted receives (own ring or SRQ), SEND with Invalidate, atomics' targets — plus this
 // side's copy of each outstanding READ/atomic request's sink list. It reports everything the QP must act on
 // through an RxEventSink, and never decides how events travel:
-//   run to completion: the sink is the QP itself, which applies each event at once (CQ push, credits, answers);
-//   RX thread:         the sink is an SPSC ring (RxEventRing) the application thread drains.
+//   on the application thread (run to completion, and with an RX thread until the handover): the sink is the
+//                      QP itself, which applies each event at once (CQ push, credits, answers);
+//   on the RX thread:  the sink is an SPSC ring (RxEventRing) the application thread drains.
+// The sink is switched at the handover and back when the RX thread lets go (set_sink), never per frame.
 // The tx half sends it the requests it framed (READ/atomic, with their sinks) through an SPSC ring (requests())
 // in both modes. Entry points: deliver() with the stream's bytes in order, end_of_delivery() after each
 // delivery (a TCP segment's payload, one receive upcall); as a threading::FlowSink the RX thread calls both per
@@ -105,6 +107,9 @@ public:
     void start(const mpa::Agreed& agreed, const rdmap::Config& cfg, RxEventSink& sink,
                std::atomic<std::uint64_t>& placed, std::uint64_t* cycles);
     bool started() const noexcept { return ep_.has_value(); }
+    // Where events go from now: the sink of the thread that runs this half next (control path; the RX thread
+    // does not run it at the time: before go(), or after remove()).
+    void set_sink(RxEventSink& sink) noexcept { sink_ = &sink; }
     // Requests the tx half framed, in order (tx half -> here, SPSC: one per send slot + the RTR).
     boost::lockfree::spsc_queue<OrqMsg>& requests() noexcept { return orq_; }
 
