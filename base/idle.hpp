@@ -11,21 +11,12 @@
 
 #include <sched.h>
 
+#include <softrdma/config.hpp>  // IdlePolicy
+
 #include <chrono>
 #include <thread>
 
 namespace softrdma {
-
-struct IdlePolicy {
-    enum class Then { spin, yield, sleep };
-    // Idle turns spent spinning before `then` applies on each further idle turn (0 = at once).
-    unsigned spin_turns = 256;
-    Then then = Then::yield;
-    // Sleep length for Then::sleep (what waking from idle costs in latency).
-    std::chrono::microseconds sleep{20};
-
-    static constexpr IdlePolicy spin_only() { return {.spin_turns = 0, .then = Then::spin}; }
-};
 
 class Idler {
 public:

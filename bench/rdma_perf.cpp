@@ -14,7 +14,7 @@
 #include <cstdio>
 #include <string>
 
-#include <spdlog/spdlog.h>
+#include <softrdma/log.hpp>
 
 #include "bench/perf/options.hpp"
 #include "bench/perf/session.hpp"
@@ -38,10 +38,10 @@ test::PeerConfig remote_config(const Options& o) {
     c.port.iface = o.iface;
     c.port.device = o.device;
     c.eal.lcores = o.cpu;
-    if (o.no_huge) c.eal.hugepages = io::Hugepages::off;
-    c.stack.address = stack::Ipv4::parse(!o.addr.empty() ? o.addr : (server ? "198.18.0.1" : "198.18.0.2"));
-    c.stack.netmask = stack::Ipv4::parse(o.netmask);
-    if (!server) c.peer = stack::Ipv4::parse(o.peer);
+    if (o.no_huge) c.eal.hugepages = Hugepages::off;
+    c.stack.ip.address = Ipv4::parse(!o.addr.empty() ? o.addr : (server ? "198.18.0.1" : "198.18.0.2"));
+    c.stack.ip.netmask = Ipv4::parse(o.netmask);
+    if (!server) c.peer = Ipv4::parse(o.peer);
     c.tcp_port = o.tcp_port;
     return c;
 }
@@ -49,7 +49,7 @@ test::PeerConfig remote_config(const Options& o) {
 int run_local(const Options& o, double tpu) {
     auto [server, client] = test::memif_pair(o.mtu);
     server.tcp_port = client.tcp_port = o.tcp_port;
-    if (o.no_huge) server.eal.hugepages = client.eal.hugepages = io::Hugepages::off;
+    if (o.no_huge) server.eal.hugepages = client.eal.hugepages = Hugepages::off;
     if (!o.cpu.empty()) {
         const auto comma = o.cpu.find(',');
         if (comma == std::string::npos) {
@@ -81,7 +81,7 @@ int main(int argc, char** argv) {
     Options o;
     int code = 0;
     if (!parse(argc, argv, o, code)) return code;
-    if (!o.verbose) spdlog::set_level(spdlog::level::warn);  // the children inherit it
+    if (!o.verbose) softrdma::log::set_level(softrdma::log::Level::warn);  // the children inherit it
     const double tpu = calibrate_tsc();
     try {
         switch (o.mode) {

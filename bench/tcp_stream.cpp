@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include <spdlog/spdlog.h>
+#include <softrdma/log.hpp>
 
 #include "tests/support/processes.hpp"
 #include "tests/support/tcp_roles.hpp"
@@ -55,7 +55,7 @@ int main(int argc, char** argv) {
         }
     }
     if (mtus.empty()) mtus = {1500, 9000};
-    if (!verbose) spdlog::set_level(spdlog::level::warn);  // the children inherit it
+    if (!verbose) softrdma::log::set_level(softrdma::log::Level::warn);  // the children inherit it
     std::printf("# lwIP TCP over DPDK memif, two processes (receiver core 0, sender core 1), %llu MiB x %u "
                 "connection(s), content verified\n", static_cast<unsigned long long>(mib), connections);
     std::printf("%-6s %-5s %12s %12s %12s\n", "MTU", "runs", "median MB/s", "min MB/s", "max MB/s");
@@ -66,7 +66,7 @@ int main(int argc, char** argv) {
             auto [server, client] = memif_pair(static_cast<std::uint16_t>(mtu));
             server.stack.idle = client.stack.idle =
                 yield_after == 0 ? IdlePolicy::spin_only() : IdlePolicy{.spin_turns = yield_after};
-            if (no_huge) server.eal.hugepages = client.eal.hugepages = io::Hugepages::off;
+            if (no_huge) server.eal.hugepages = client.eal.hugepages = Hugepages::off;
             const std::uint64_t bytes = (mib << 20) / connections;
             const auto out = run_roles({{"receiver", [&] { return stream_server(server, bytes, connections); }},
                                         {"sender", [&] { return stream_client(client, bytes, connections); }, 200ms}},

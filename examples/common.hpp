@@ -28,12 +28,12 @@
 #include <thread>
 #include <vector>
 
-#include <spdlog/spdlog.h>
-
 #include "base/idle.hpp"
 #include "base/processes.hpp"
 #include "io/eal.hpp"
-#include "verbs/verbs.hpp"
+#include <softrdma/diagnostics.hpp>
+#include <softrdma/log.hpp>
+#include <softrdma/verbs.hpp>
 
 namespace examples {
 
@@ -57,7 +57,7 @@ struct NetOptions {
     bool local_child = false;         // set by run_local: this process is one end of --local
     // run_to_completion: one thread does everything inside Context::poll(); rx_thread: a dedicated thread
     // polls DPDK and copies frames in, the application thread runs the protocol and TX.
-    softrdma::threading::Mode threading = softrdma::threading::Mode::run_to_completion;
+    softrdma::ThreadingMode threading = softrdma::ThreadingMode::run_to_completion;
 };
 
 inline std::string net_usage(const NetOptions& defaults) {
@@ -121,26 +121,26 @@ inline verbs::ContextConfig context_config(const NetOptions& o) {
     const bool server = o.role == Role::server;
     verbs::ContextConfig cc;
     if (o.af_packet.empty()) {
-        cc.port.backend = softrdma::io::Backend::memif;
+        cc.port.backend = softrdma::Backend::memif;
         cc.port.memif_socket = o.memif_socket;
         cc.port.memif_server = server;  // one end of a memif link is its server (it creates the socket)
     } else {
-        cc.port.backend = softrdma::io::Backend::af_packet;
+        cc.port.backend = softrdma::Backend::af_packet;
         cc.port.iface = o.af_packet;
     }
     cc.port.link_timeout = std::chrono::seconds(std::min(o.timeout_s, 30u));
     cc.eal.lcores = o.lcores;
-    cc.eal.hugepages = o.no_huge ? softrdma::io::Hugepages::off : softrdma::io::Hugepages::automatic;
+    cc.eal.hugepages = o.no_huge ? softrdma::Hugepages::off : softrdma::Hugepages::automatic;
     cc.eal.no_huge_memory_mb = 256;
-    cc.stack.address = softrdma::stack::Ipv4::parse(!o.ip.empty() ? o.ip : server ? "198.18.0.1" : "198.18.0.2");
+    cc.ip.address = softrdma::Ipv4::parse(!o.ip.empty() ? o.ip : server ? "198.18.0.1" : "198.18.0.2");
     cc.max_mr = 16;
     cc.max_qp = 4;
     cc.threading.mode = o.threading;  // the RX thread (if any) goes on any core; it yields when idle
     return cc;
 }
 
-inline softrdma::stack::Ipv4 peer_address(const NetOptions& o) {
-    return softrdma::stack::Ipv4::parse(o.peer_ip.empty() ? "198.18.0.1" : o.peer_ip);
+inline softrdma::Ipv4 peer_address(const NetOptions& o) {
+    return softrdma::Ipv4::parse(o.peer_ip.empty() ? "198.18.0.1" : o.peer_ip);
 }
 
 // ---- bounded waits -------------------------------------------------------------------------------------
@@ -148,7 +148,7 @@ inline softrdma::stack::Ipv4 peer_address(const NetOptions& o) {
 // spins. With an RX thread, that thread needs a core too and this machine may have fewer cores than busy
 // threads, so after 64 turns that received nothing a turn also yields the core.
 inline softrdma::IdlePolicy idle_policy(const verbs::Context& ctx) {
-    return ctx.threading_mode() == softrdma::threading::Mode::rx_thread ? softrdma::IdlePolicy{.spin_turns = 64}
+    return ctx.threading_mode() == softrdma::ThreadingMode::rx_thread ? softrdma::IdlePolicy{.spin_turns = 64}
                                                                         : softrdma::IdlePolicy::spin_only();
 }
 
@@ -176,7 +176,7 @@ bool poll_until(verbs::Context& ctx, Done&& done, Clock::time_point deadline) {
 // acknowledged), at most 2 s. The event comes as soon as the QP is done with the connection; a process
 // that stopped polling right then could leave with its FIN unsent, and the peer would never hear of the end.
 inline void finish_close(verbs::Context& ctx) {
-    poll_until(ctx, [&] { return ctx.stack().active_pcbs() == 0; }, Clock::now() + 2s);
+    poll_until(ctx, [&] { return softrdma::verbs::diagnostics::tcp_connections(ctx) == 0; }, Clock::now() + 2s);
 }
 
 
@@ -190,7 +190,7 @@ inline void finish_close(verbs::Context& ctx) {
 
 // A peer's private data for a message: its text when it is printable (an MPA reject's reason), else a
 // description of its bytes.
-inline std::string private_data_text(const softrdma::mpa::PrivateData& pd) {
+inline std::string private_data_text(const softrdma::PrivateData& pd) {
     if (pd.size == 0) return "no private data";
     std::string text;
     for (std::size_t i = 0; i < pd.size; ++i) {
@@ -208,7 +208,8 @@ inline void refuse(verbs::CmEvent& req, const std::string& program, const std::s
     const auto n = std::min<std::size_t>(text.size(), 252);  // MPA revision 2 carries at most 252 bytes
     std::fprintf(stderr, "%s: refused a connection from %s: %s\n", program.c_str(),
                  req.request ? req.request->peer().c_str() : "?", why.c_str());
-    if (req.request) req.request->reject({reinterpret_cast<const std::byte*>(text.data()), n});
+    if (req.request && !req.request->reject({reinterpret_cast<const std::byte*>(text.data()), n}))
+        std::fprintf(stderr, "%s: the reject could not be sent (the request was already answered)\n", program.c_str());
 }
 
 // The next CM event about `mine` (nullptr: any event), handling the others: a connect request is refused
@@ -305,7 +306,7 @@ inline void close_quietly(verbs::Context& ctx, verbs::CmId* id, const std::strin
             auto ev = wait_event(ctx, id, program, deadline);
             if (!ev || ev->type == verbs::CmEventType::disconnected) break;
         }
-        poll_until(ctx, [&] { return ctx.stack().active_pcbs() == 0; }, Clock::now() + 1s);
+        poll_until(ctx, [&] { return softrdma::verbs::diagnostics::tcp_connections(ctx) == 0; }, Clock::now() + 1s);
     } catch (...) {
     }
 }
@@ -322,7 +323,7 @@ std::span<const std::byte> bytes_of(const T& t) {
 }
 // A fixed-layout struct from a peer's private data; nullopt when the size is not the struct's.
 template <class T>
-std::optional<T> from_private_data(const softrdma::mpa::PrivateData& pd) {
+std::optional<T> from_private_data(const softrdma::PrivateData& pd) {
     if (pd.size != sizeof(T)) return std::nullopt;
     T t{};
     std::memcpy(&t, pd.bytes.data(), sizeof t);
@@ -330,7 +331,7 @@ std::optional<T> from_private_data(const softrdma::mpa::PrivateData& pd) {
 }
 
 // What a program says when a peer's private data is not its own: the sizes, and the likely cause.
-inline std::string unexpected_private_data(const softrdma::mpa::PrivateData& pd, std::size_t want, const char* what) {
+inline std::string unexpected_private_data(const softrdma::PrivateData& pd, std::size_t want, const char* what) {
     return "expected " + std::to_string(want) + " bytes of private data (" + what + "), got " +
            (pd.size == 0 ? std::string("none (stock rping, ucmatose and perftest send none: another program on this port?)")
                          : private_data_text(pd));
@@ -412,7 +413,7 @@ inline int run_main(int argc, char** argv, const char* usage, NetOptions& net,
                     const std::function<bool(const Args&, const std::string&, int&)>& own_flag,
                     const std::function<int(const NetOptions&)>& server,
                     const std::function<int(const NetOptions&)>& client) {
-    spdlog::set_level(spdlog::level::warn);  // the library logs CM events at debug level only
+    softrdma::log::set_level(softrdma::log::Level::warn);  // the port and stack coming up are info lines
     bool help = false;
     try {
         Args args(argc, argv);

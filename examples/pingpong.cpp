@@ -61,7 +61,7 @@ int server(const NetOptions& net) {
 
     auto listener = ctx->listen(net.port);
     if (!net.local_child) {
-        std::printf("pingpong server: listening on %s port %u\n", context_config(net).stack.address.str().c_str(), net.port);
+        std::printf("pingpong server: listening on %s port %u\n", context_config(net).ip.address.str().c_str(), net.port);
         std::fflush(stdout);
     }
     const auto deadline = Clock::now() + limit;
@@ -242,7 +242,7 @@ int client(const NetOptions& net) {
             throw std::runtime_error(std::string("post_recv: ") + verbs::to_string(r.err));
     }
     disconnect(*ctx, *id, "pingpong client", limit);
-    const bool rx_thread = net.threading == softrdma::threading::Mode::rx_thread;
+    const bool rx_thread = net.threading == softrdma::ThreadingMode::rx_thread;
     lat.print("pingpong: SEND/RECV " + std::to_string(opt.size) + " bytes, half round trip (" +
               std::to_string(opt.warmup) + " warmup rounds not counted" + (rx_thread ? ", RX thread" : "") + ")");
     return 0;
@@ -266,8 +266,8 @@ int main(int argc, char** argv) {
                         else if (a == "--threading") {
                             const std::string v = args.value(i);
                             if (v != "rtc" && v != "rx-thread") throw std::invalid_argument("--threading rtc|rx-thread");
-                            net.threading = v == "rtc" ? softrdma::threading::Mode::run_to_completion
-                                                       : softrdma::threading::Mode::rx_thread;
+                            net.threading = v == "rtc" ? softrdma::ThreadingMode::run_to_completion
+                                                       : softrdma::ThreadingMode::rx_thread;
                         } else return false;
                         return true;
                     },

@@ -130,7 +130,7 @@ int server(const NetOptions& net) {
     End e(net);
     e.listener = e.ctx->listen(net.port);
     if (!net.local_child)
-        std::printf("rdma_lat server: listening on %s port %u\n", context_config(net).stack.address.str().c_str(), net.port);
+        std::printf("rdma_lat server: listening on %s port %u\n", context_config(net).ip.address.str().c_str(), net.port);
     std::fflush(stdout);
     // A request that is not rdma_lat's is refused with an MPA reject saying why; a client gone before its
     // session began sends us back to waiting.

@@ -349,8 +349,8 @@ int client(const NetOptions& base) {
 }
 
 // --p2p write,read,send: the RTR types offered (client) or accepted (server).
-softrdma::mpa::RtrSet parse_rtr(const std::string& v) {
-    softrdma::mpa::RtrSet r{};
+softrdma::RtrSet parse_rtr(const std::string& v) {
+    softrdma::RtrSet r{};
     std::size_t pos = 0;
     while (pos <= v.size()) {
         const std::size_t comma = std::min(v.find(',', pos), v.size());
@@ -433,7 +433,7 @@ int main(int argc, char** argv) {
                             if (n < 1 || n > 100000) throw std::invalid_argument("--connects 1..100000");
                             opt.connects = static_cast<int>(n);
                         } else if (a == "--crc") {
-                            opt.conn.crc = softrdma::mpa::CrcPolicy::required;
+                            opt.conn.crc = softrdma::CrcPolicy::required;
                         } else if (a == "--p2p") {
                             opt.conn.peer_to_peer = true;
                             opt.conn.rtr = parse_rtr(args.value(i));

@@ -1,10 +1,15 @@
 // SPDX-License-Identifier: MIT
 #include "io/eal.hpp"
 
+#include <fcntl.h>
+#include <pthread.h>
 #include <sched.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -12,7 +17,7 @@
 
 #include <rte_eal.h>
 #include <rte_errno.h>
-#include <spdlog/spdlog.h>
+#include "base/log.hpp"
 
 #include "io/error.hpp"
 
@@ -40,6 +45,39 @@ bool hugetlbfs_mounted() {
         std::getline(in, rest);
     }
     return false;
+}
+
+// The cores this process may run on, as a list ("0,1").
+std::string cpu_list(const cpu_set_t& set) {
+    std::string out;
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+        if (CPU_ISSET(c, &set)) out += (out.empty() ? "" : ",") + std::to_string(c);
+    return out;
+}
+
+// EalConfig::pin without a list: the first core of `set` that no other process holds a claim on. A claim is an
+// flock on <dir>/core-<n>.lock held through a descriptor kept open for the life of the process (the kernel
+// drops it at exit, even a crash). A forked child inherits the parent's descriptor but not a new claim: its own
+// open() + flock fails on the parent's core and moves on.
+int claim_core(const cpu_set_t& set) {
+    std::string dir = "/run/softrdma";
+    if (::mkdir(dir.c_str(), 01777) != 0 && errno != EEXIST) dir.clear();
+    if (dir.empty() || ::access(dir.c_str(), W_OK) != 0) {
+        const char* tmp = std::getenv("TMPDIR");
+        dir = std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/softrdma-cores";
+        ::mkdir(dir.c_str(), 01777);
+    }
+    for (int c = 0; c < CPU_SETSIZE; ++c) {
+        if (!CPU_ISSET(c, &set)) continue;
+        const std::string path = dir + "/core-" + std::to_string(c) + ".lock";
+        const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+        if (fd < 0) continue;
+        if (::flock(fd, LOCK_EX | LOCK_NB) == 0) return c;  // fd stays open: the claim lasts while we live
+        ::close(fd);
+    }
+    throw Error("EalConfig::pin: every core this process may use (" + cpu_list(set) +
+                ") is claimed by another softrdma process (lock files in " + dir +
+                "); give EalConfig::lcores, or leave pin off");
 }
 
 }  // namespace
@@ -76,9 +114,19 @@ void start_eal(const EalConfig& cfg) {
             pos = end + 1;
         }
     }
+    cpu_set_t allowed;
+    CPU_ZERO(&allowed);
+    pthread_getaffinity_np(pthread_self(), sizeof allowed, &allowed);
     std::vector<std::string> args{"softrdma"};
-    if (!cfg.lcores.empty()) args.insert(args.end(), {"-l", cfg.lcores});
-    else args.insert(args.end(), {"-l", "0"});
+    if (!cfg.lcores.empty()) {
+        args.insert(args.end(), {"-l", cfg.lcores});
+    } else if (cfg.pin) {
+        args.insert(args.end(), {"-l", std::to_string(claim_core(allowed))});
+    } else {
+        // No pinning: DPDK's main lcore 0 runs on every core the caller may use, so the affinity DPDK sets on
+        // the calling thread (and gives its own threads) is the one the thread already had.
+        args.insert(args.end(), {"--lcores", "0@(" + cpu_list(allowed) + ")"});
+    }
     const std::string prefix =
         cfg.file_prefix.empty() ? "softrdma-" + std::to_string(::getpid()) : cfg.file_prefix;
     // The prefix keeps two processes' names apart; shared runtime files are avoided (below) so a crashed
@@ -100,7 +148,7 @@ void start_eal(const EalConfig& cfg) {
         if (!have_huge) {
             static std::atomic<bool> said{false};
             if (!said.exchange(true))
-                spdlog::warn("softrdma: no hugepages available; running DPDK with --no-huge "
+                log::warn("no hugepages available; running DPDK with --no-huge "
                              "(run scripts/setup as root to reserve them)");
             g_no_huge = true;
         }
@@ -119,6 +167,7 @@ void start_eal(const EalConfig& cfg) {
     argv.push_back(nullptr);
     const int rc = rte_eal_init(static_cast<int>(args.size()), argv.data());
     if (rc < 0) {
+        pthread_setaffinity_np(pthread_self(), sizeof allowed, &allowed);  // a failed start pins nothing
         std::ostringstream msg;
         msg << "DPDK EAL failed to start: " << rte_strerror(rte_errno) << " (args:";
         for (const auto& a : args) msg << ' ' << a;

@@ -11,12 +11,13 @@
 #include <thread>
 
 #include <rte_bus_vdev.h>
+#include <rte_log.h>
 #include <rte_dev.h>
 #include <rte_errno.h>
 #include <rte_eth_ring.h>
 #include <rte_lcore.h>
 #include <rte_ring.h>
-#include <spdlog/spdlog.h>
+#include "base/log.hpp"
 
 #include "io/pcap_writer.hpp"
 
@@ -209,7 +210,7 @@ Port::CloseResult Port::finish_memif_link() noexcept {
     auto deadline = std::chrono::steady_clock::now() + kGateTimeout;
     while (!guard_.try_hold()) {
         if (std::chrono::steady_clock::now() >= deadline) {
-            spdlog::error("softrdma: {}: memif's control channel stayed locked ({}); left to process exit", name_,
+            log::error("{}: memif's control channel stayed locked ({}); left to process exit", name_,
                           guard_.describe());
             return CloseResult::left_to_exit;
         }
@@ -220,7 +221,7 @@ Port::CloseResult Port::finish_memif_link() noexcept {
     deadline = std::chrono::steady_clock::now() + kDisconnectTimeout;
     while (!guard_.settled()) {
         if (std::chrono::steady_clock::now() >= deadline) {
-            spdlog::error("softrdma: {}: memif's disconnect did not finish in {} ms ({}, link {}, {}); left to "
+            log::error("{}: memif's disconnect did not finish in {} ms ({}, link {}, {}); left to "
                           "process exit", name_, kDisconnectTimeout.count(), guard_.describe(),
                           link_up() ? "up" : "down", interrupt_thread_state());
             return CloseResult::left_to_exit;
@@ -236,7 +237,7 @@ Port::CloseResult Port::close() noexcept {
     stop_watcher();
     close_result_ = CloseResult::left_to_exit;
     if (!shut_gate(kGateTimeout)) {
-        spdlog::error("softrdma: {}: a burst was still inside the driver after {} ms; port left to process exit",
+        log::error("{}: a burst was still inside the driver after {} ms; port left to process exit",
                       name_, kGateTimeout.count());
         return close_result_;  // never stop a port under a running burst
     }
@@ -249,7 +250,7 @@ Port::CloseResult Port::close() noexcept {
             return close_result_;
         }
         if (rte_eth_dev_stop(port_id_) != 0 || rte_eth_dev_close(port_id_) != 0) {
-            spdlog::error("softrdma: {}: DPDK refused to stop or close the port", name_);
+            log::error("{}: DPDK refused to stop or close the port", name_);
             return close_result_;
         }
         if (vdev_ && !device_name_.empty()) rte_eal_hotplug_remove("vdev", device_name_.c_str());
@@ -270,7 +271,7 @@ void Port::attach_guard(const PortConfig& cfg) {
     if (!guard_.attach(port_id_, name_, expect, why)) {
         static std::atomic<bool> said{false};
         if (!said.exchange(true))
-            spdlog::warn("softrdma: no memif teardown guard ({}): a peer leaving while this process polls may "
+            log::warn("no memif teardown guard ({}): a peer leaving while this process polls may "
                          "crash it (DPDK 22.11 memif), and ports whose peer left are not closed",
                          why);
     }
@@ -331,16 +332,24 @@ void Port::start(const PortConfig& cfg) {
         rte_ether_addr a{};
         std::copy(cfg.mac.begin(), cfg.mac.end(), a.addr_bytes);
         if (rte_eth_dev_default_mac_addr_set(port_id_, &a) != 0)
-            spdlog::warn("softrdma: {} does not take MAC {}; keeping its own", name_, format_mac(cfg.mac));
+            log::warn("{} does not take MAC {}; keeping its own", name_, format_mac(cfg.mac));
     }
     if (rte_eth_dev_set_mtu(port_id_, device_mtu) != 0 && device_mtu != RTE_ETHER_MTU)
         throw Error("device " + name_ + " refused MTU " + std::to_string(device_mtu));
 
-    // A memif client whose server is not up yet fails to start: retry until the link timeout.
+    // A memif client whose server is not up yet fails to start: retry until the link timeout, quietly. The
+    // driver logs every failed connect (one line per attempt, ~50 a second), which says nothing a user needs
+    // while waiting for a peer that is still starting (the socket is an abstract one: nothing to watch in the
+    // file system), so the driver's log is muted during the attempts. A peer that never comes gets our own
+    // error below.
     const auto deadline = std::chrono::steady_clock::now() + cfg.link_timeout;
+    const int memif_log = memif_client_ ? rte_log_register("pmd.net.memif") : -1;
+    const int memif_level = memif_log >= 0 ? rte_log_get_level(static_cast<std::uint32_t>(memif_log)) : -1;
+    if (memif_level >= 0) rte_log_set_level(static_cast<std::uint32_t>(memif_log), RTE_LOG_EMERG);
     int rc;
     while ((rc = rte_eth_dev_start(port_id_)) != 0 && std::chrono::steady_clock::now() < deadline)
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    if (memif_level >= 0) rte_log_set_level(static_cast<std::uint32_t>(memif_log), static_cast<std::uint32_t>(memif_level));
     if (rc != 0)
         throw Error("cannot start " + name_ + ": " + rte_strerror(-rc) +
                     (cfg.backend == Backend::memif
@@ -448,7 +457,7 @@ std::unique_ptr<Port> open_port(const PortConfig& cfg, const EalConfig& eal_cfg)
     }
     std::unique_ptr<Port> port(new Port(id, dev.name, cfg));
     port->start(cfg);
-    spdlog::info("softrdma: port {} up, MAC {}, MTU {}, {} mbufs{}", port->name(), to_string(port->mac()),
+    log::info("port {} up, MAC {}, MTU {}, {} mbufs{}", port->name(), to_string(port->mac()),
                  port->mtu(), port->mbufs_total(), eal_without_hugepages() ? " (no hugepages)" : "");
     return port;
 }

@@ -28,6 +28,9 @@
 #include <rte_ethdev.h>
 #include <rte_mbuf.h>
 
+#include <softrdma/config.hpp>
+#include <softrdma/diagnostics.hpp>
+
 #include "io/eal.hpp"
 #include "io/error.hpp"
 #include "io/memif_guard.hpp"
@@ -36,45 +39,11 @@ namespace softrdma::io {
 
 class PcapWriter;
 
-enum class Backend {
-    memif,      // shared memory between two processes on one machine (the default)
-    af_packet,  // a Linux interface (veth, tap, or a physical NIC) through AF_PACKET
-    ring,       // inside one process (tests): see open_ring_pair()
-    device,     // anything else DPDK can drive: `device` is a PCI address or a full vdev string
-};
-
-using MacAddress = std::array<std::uint8_t, 6>;
-
-struct PortConfig {
-    Backend backend = Backend::memif;
-    // memif: socket path shared by both ends, one end the server. Same `memif_id` on both ends.
-    std::string memif_socket = "/run/softrdma-memif.sock";
-    bool memif_server = true;
-    unsigned memif_id = 0;
-    // af_packet: the Linux interface to attach to.
-    std::string iface;
-    // device: a PCI address ("0000:01:00.0") or a full vdev string ("net_xxx0,arg=...").
-    std::string device;
-    // MAC address; unset = the backend's own (memif derives one from role and id to keep peers distinct).
-    bool has_mac = false;
-    MacAddress mac{};
-    std::uint16_t mtu = 1500;  // 9000 where the backend allows
-    std::uint16_t rx_descriptors = 1024;
-    std::uint16_t tx_descriptors = 1024;
-    // mbufs in the pool; 0 = the sizing rule in port.cpp (rx + tx descriptors + frames the stack may hold).
-    std::uint32_t mbufs = 0;
-    // Write every frame sent and received to this pcap file (tshark/Wireshark); empty = off. Debug aid:
-    // it costs a buffered file write per frame.
-    std::string capture_path;
-    // How long open_port() waits for the link (for memif: the peer process) before failing.
-    std::chrono::milliseconds link_timeout{10000};
-};
-
-struct PortCounters {
-    std::uint64_t rx_packets = 0, rx_bytes = 0;
-    std::uint64_t tx_packets = 0, tx_bytes = 0;
-    std::uint64_t tx_refused = 0;  // frames tx_burst() could not queue (TX ring full); the caller keeps them
-};
+// The configuration and counters are the API's (<softrdma/config.hpp>, <softrdma/diagnostics.hpp>).
+using softrdma::Backend;
+using softrdma::MacAddress;
+using softrdma::PortConfig;
+using softrdma::PortCounters;
 
 class Port {
 public:

@@ -42,7 +42,7 @@ inline constexpr std::size_t kIrdOrdSize = 4;
 
 // Private data limits. RFC 5044 section 7.1 allows up to 512 bytes, and we accept that much. We send at most
 // 256 in all (Linux RDMA_MAX_PRIVATE_DATA; siw and cxgb4 refuse more), so the application gets 252 with rev 2.
-inline constexpr std::size_t kMaxPrivateDataReceived = 512;
+using softrdma::kMaxPrivateDataReceived;  // <softrdma/iwarp.hpp>: 512
 inline constexpr std::size_t kMaxPrivateDataSent = 256;
 inline constexpr std::size_t kMaxAppPrivateDataV2 = kMaxPrivateDataSent - kIrdOrdSize;
 inline constexpr std::size_t kMaxFrameSize = kFrameHeaderSize + kMaxPrivateDataReceived;

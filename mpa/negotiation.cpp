@@ -4,6 +4,12 @@
 #include <algorithm>
 #include <cstring>
 
+// <softrdma/iwarp.hpp>'s private data holder (MPA is what carries it).
+void softrdma::PrivateData::assign(std::span<const std::byte> s) {
+    size = static_cast<std::uint16_t>(std::min(s.size(), bytes.size()));
+    if (size) std::memcpy(bytes.data(), s.data(), size);
+}
+
 namespace softrdma::mpa {
 namespace {
 
@@ -15,10 +21,6 @@ bool asks_crc(CrcPolicy p) { return p == CrcPolicy::preferred || p == CrcPolicy:
 
 }  // namespace
 
-void PrivateData::assign(std::span<const std::byte> s) {
-    size = static_cast<std::uint16_t>(std::min(s.size(), bytes.size()));
-    if (size) std::memcpy(bytes.data(), s.data(), size);
-}
 
 // ---- common ---------------------------------------------------------------------------------------------------
 

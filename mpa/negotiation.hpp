@@ -54,22 +54,11 @@ namespace softrdma::mpa {
 
 using Clock = std::chrono::steady_clock;
 
-enum class CrcPolicy : std::uint8_t { off, preferred, required, forbidden };
+// The connection choices are the API's (<softrdma/iwarp.hpp>).
+using softrdma::CrcPolicy;
+using softrdma::PrivateData;
+using softrdma::RtrSet;
 enum class RtrType : std::uint8_t { none, write, read, send };  // zero-length RDMA WRITE / READ / SEND
-
-struct RtrSet {
-    bool write = false;
-    bool read = false;
-    bool send = false;
-};
-
-struct PrivateData {
-    std::array<std::byte, kMaxPrivateDataReceived> bytes{};
-    std::uint16_t size = 0;
-
-    std::span<const std::byte> span() const { return {bytes.data(), size}; }
-    void assign(std::span<const std::byte> s);
-};
 
 struct NegotiationConfig {
     std::uint8_t revision = 2;          // revision the initiator offers / the highest the responder speaks

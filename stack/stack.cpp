@@ -11,11 +11,30 @@
 #include <stdexcept>
 
 #include <rte_cycles.h>
-#include <spdlog/spdlog.h>
+#include "base/log.hpp"
 
 #include "base/tsan.hpp"
 #include "base/cycles.hpp"
 #include "stack/lwip_includes.hpp"
+
+namespace softrdma {
+
+// <softrdma/config.hpp>'s address type (the stack is where addresses are parsed).
+Ipv4 Ipv4::parse(std::string_view text) {
+    in_addr a{};
+    const std::string s(text);
+    if (inet_pton(AF_INET, s.c_str(), &a) != 1) throw std::invalid_argument("not an IPv4 address: '" + s + "'");
+    return Ipv4{a.s_addr};
+}
+
+std::string Ipv4::str() const {
+    char buf[INET_ADDRSTRLEN];
+    in_addr a{be};
+    inet_ntop(AF_INET, &a, buf, sizeof buf);
+    return buf;
+}
+
+}  // namespace softrdma
 
 namespace softrdma::stack {
 namespace {
@@ -47,20 +66,6 @@ Stack* g_stack = nullptr;
 
 }  // namespace
 
-Ipv4 Ipv4::parse(std::string_view text) {
-    in_addr a{};
-    const std::string s(text);
-    if (inet_pton(AF_INET, s.c_str(), &a) != 1) throw std::invalid_argument("not an IPv4 address: '" + s + "'");
-    return Ipv4{a.s_addr};
-}
-
-std::string Ipv4::str() const {
-    char buf[INET_ADDRSTRLEN];
-    in_addr a{be};
-    inet_ntop(AF_INET, &a, buf, sizeof buf);
-    return buf;
-}
-
 std::string PoolUsage::diff(const PoolUsage& later) const {
     std::string out;
     auto add = [&](const std::string& what, std::uint64_t a, std::uint64_t b) {
@@ -87,9 +92,9 @@ Stack::Stack(io::Port& port, const StackConfig& cfg)
     }
     g_stack = this;
     ip4_addr_t ip, mask, gw;
-    ip.addr = cfg.address.be;
-    mask.addr = cfg.netmask.be;
-    gw.addr = cfg.gateway.be;
+    ip.addr = cfg.ip.address.be;
+    mask.addr = cfg.ip.netmask.be;
+    gw.addr = cfg.ip.gateway.be;
     netif_add(netif_.get(), &ip, &mask, &gw, this, &Stack::netif_init, netif_input);
     netif_set_default(netif_.get());
     // The RX thread checks TCP checksums itself (some frames reach lwIP with their payload left out).
@@ -101,7 +106,7 @@ Stack::Stack(io::Port& port, const StackConfig& cfg)
     netif_set_link_up(netif_.get());
     tsc_per_ms_ = std::max<std::uint64_t>(1, rte_get_timer_hz() / 1000);
     next_timer_tsc_ = rte_get_timer_cycles() + tsc_per_ms_;
-    spdlog::info("softrdma: stack {} on {} (MTU {})", cfg.address.str(), port.name(), port.mtu());
+    log::info("stack {} on {} (MTU {})", cfg.ip.address.str(), port.name(), port.mtu());
 }
 
 Stack::~Stack() {

@@ -25,19 +25,12 @@ struct pbuf;
 
 namespace softrdma::stack {
 
-// An IPv4 address in network byte order.
-struct Ipv4 {
-    std::uint32_t be = 0;
-    // "198.18.0.1" -> address; throws std::invalid_argument on bad text.
-    static Ipv4 parse(std::string_view text);
-    std::string str() const;
-    friend bool operator==(Ipv4, Ipv4) = default;
-};
+using softrdma::Ipv4;  // <softrdma/config.hpp>
+using softrdma::IpConfig;
+using softrdma::StackCounters;  // <softrdma/diagnostics.hpp>
 
 struct StackConfig {
-    Ipv4 address = Ipv4::parse("198.18.0.1");  // RFC 2544 benchmarking range: never routed anywhere
-    Ipv4 netmask = Ipv4::parse("255.255.255.0");
-    Ipv4 gateway{};
+    IpConfig ip{};
     // Idle policy of run_until() (a turn with nothing received or sent is idle): spin 256 turns, then yield
     // the core on each further idle turn. Yielding lets two busy processes share a small machine; spinning
     // (IdlePolicy::spin_only()) gives the lowest latency when each has its own core.
@@ -66,12 +59,6 @@ struct PoolUsage {
     std::string diff(const PoolUsage& later) const;
 };
 
-struct StackCounters {
-    std::uint64_t rx_frames = 0;
-    std::uint64_t rx_dropped = 0;   // no RX pbuf wrapper free, or lwIP refused the frame
-    std::uint64_t tx_frames = 0;
-    std::uint64_t tx_dropped = 0;   // no mbuf, frame too large, or TX ring stayed full
-};
 
 class TcpConnection;
 class TcpListener;
@@ -120,7 +107,7 @@ public:
     // Forgets cycles counted since `earlier` (an idle polling turn is waiting, not work).
     void rewind_cycles(const StackCycles& earlier) noexcept { cycles_ = earlier; }
     io::Port& port() noexcept { return port_; }
-    Ipv4 address() const noexcept { return cfg_.address; }
+    Ipv4 address() const noexcept { return cfg_.ip.address; }
 
     // Debug builds: aborts unless called on the owner thread.
     void assert_owner() const noexcept;

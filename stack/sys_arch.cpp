@@ -6,7 +6,7 @@
 #include <random>
 
 #include <rte_cycles.h>
-#include <spdlog/spdlog.h>
+#include "base/log.hpp"
 
 #include "lwip/arch.h"
 #include "lwip/sys.h"
@@ -20,7 +20,7 @@ u32_t sys_now(void) {
 }
 
 void softrdma_lwip_assert(const char* msg, const char* file, int line) {
-    spdlog::critical("lwIP assertion failed: {} at {}:{}", msg, file, line);
+    softrdma::log::error("lwIP assertion failed: {} at {}:{}", msg, file, line);
     std::abort();
 }
 
@@ -30,7 +30,7 @@ void softrdma_lwip_diag(const char* fmt, ...) {
     va_start(ap, fmt);
     std::vsnprintf(buf, sizeof buf, fmt, ap);
     va_end(ap);
-    spdlog::info("lwIP: {}", buf);
+    softrdma::log::info("lwIP: {}", buf);
 }
 
 // Initial sequence numbers and ephemeral ports; seeded once per process.

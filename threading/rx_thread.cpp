@@ -10,6 +10,7 @@
 #include <cstring>
 #include <system_error>
 
+#include "base/idle.hpp"
 #include "base/tsan.hpp"
 #include "stack/frame.hpp"
 

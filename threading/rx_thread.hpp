@@ -58,15 +58,7 @@ inline std::uint64_t flow_key(std::uint32_t remote_ip_be, std::uint16_t remote_p
     return std::uint64_t{remote_ip_be} << 32 | std::uint64_t{remote_port} << 16 | local_port;
 }
 
-struct RxCounters {
-    std::uint64_t frames = 0;              // frames handed to the application side (whole or headers only)
-    std::uint64_t bytes_copied = 0;        // bytes the RX thread copied into slots
-    std::uint64_t tcp_payload_copied = 0;  // of which TCP payload (whole frames copied)
-    std::uint64_t tcp_payload_placed = 0;  // TCP payload given to FlowSinks (no slot copy)
-    std::uint64_t dropped = 0;             // oversize frames, bad checksums, held frames beyond the bound
-    std::uint64_t out_of_order = 0;        // handed-over or watched segments after a gap (payload dropped)
-    std::uint64_t stalled_turns = 0;       // turns without polling: no free slot
-};
+using RxCounters = softrdma::RxThreadCounters;  // <softrdma/diagnostics.hpp>
 
 class RxThread {
 public:

@@ -7,7 +7,7 @@
 #include <algorithm>
 #include <cstdio>
 
-#include <spdlog/spdlog.h>
+#include "base/log.hpp"
 
 #include "rdmap/term_text.hpp"
 #include "verbs/engine.hpp"
@@ -25,6 +25,11 @@ const char* to_string(CmEventType t) noexcept {
     case CmEventType::error: return "error";
     }
     return "?";
+}
+
+const char* to_string(TermCode c) noexcept {
+    const char* text = rdmap::term_text(c);
+    return text != nullptr ? text : "not an RFC 5040/5041/5044 code";
 }
 
 std::string TerminateInfo::describe() const {
@@ -486,7 +491,7 @@ void Conn::finish(CmEventType type, const std::string& reason, bool quiet) {
     if (qp_ != nullptr && qp_->terminate_info() && type == CmEventType::disconnected) {
         const TerminateInfo& t = *qp_->terminate_info();
         why = t.describe();
-        if (t.received) spdlog::warn("softrdma: QP {}: {}", qp_->qp_num(), why);  // a peer's error
+        if (t.received) log::warn("QP {}: {}", qp_->qp_num(), why);  // a peer's error
         else if (is_access_error(t.cause) && peer_ip_be_ != 0) engine_.note_access_error(peer_ip_be_);
     }
     if (qp_ != nullptr) qp_->end_stream();
@@ -498,7 +503,7 @@ void Conn::finish(CmEventType type, const std::string& reason, bool quiet) {
 
 void Conn::emit(CmEventType type, const std::string& reason) {
     // Control path only. debug: a thousand connections must not flood the default log.
-    spdlog::debug("softrdma: CM {} {} (IRD {} ORD {}){}{}", initiator_ ? "initiator" : "responder", to_string(type),
+    log::debug("CM {} {} (IRD {} ORD {}){}{}", initiator_ ? "initiator" : "responder", to_string(type),
                   ird_, ord_, reason.empty() ? "" : ": ", reason);
     CmEvent ev;
     ev.type = type;

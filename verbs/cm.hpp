@@ -20,7 +20,7 @@
 
 #include "mpa/negotiation.hpp"
 #include "stack/tcp.hpp"
-#include "verbs/verbs.hpp"
+#include <softrdma/verbs.hpp>
 
 namespace softrdma::verbs::detail {
 

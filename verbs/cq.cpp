@@ -72,6 +72,19 @@ const char* to_string(WcStatus s) noexcept {
     return "?";
 }
 
+const char* to_string(WcOpcode o) noexcept {
+    switch (o) {
+    case WcOpcode::send: return "send";
+    case WcOpcode::rdma_write: return "rdma_write";
+    case WcOpcode::rdma_read: return "rdma_read";
+    case WcOpcode::comp_swap: return "comp_swap";
+    case WcOpcode::fetch_add: return "fetch_add";
+    case WcOpcode::recv: return "recv";
+    case WcOpcode::recv_rdma_with_imm: return "recv_rdma_with_imm";
+    }
+    return "?";
+}
+
 CompletionQueue::CompletionQueue(std::unique_ptr<detail::Cq> impl) : impl_(std::move(impl)) {}
 CompletionQueue::~CompletionQueue() = default;
 std::size_t CompletionQueue::poll(std::span<WorkCompletion> out) noexcept { return impl_->poll(out); }

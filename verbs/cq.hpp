@@ -7,7 +7,7 @@
 #include <span>
 #include <vector>
 
-#include "verbs/verbs.hpp"
+#include <softrdma/verbs.hpp>
 
 namespace softrdma::verbs::detail {
 

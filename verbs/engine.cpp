@@ -4,15 +4,18 @@
 // statistics; and the Context handle.
 #include "verbs/engine.hpp"
 
+#include <pthread.h>
+#include <sched.h>
+
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
 
 #include <rte_cycles.h>
-#include <spdlog/spdlog.h>
 
 #include "base/cycles.hpp"
+#include "base/log.hpp"
 #include "stack/tcp.hpp"
 #include "verbs/cm.hpp"
 #include "verbs/cq.hpp"
@@ -29,7 +32,8 @@ Engine::Engine(const ContextConfig& cfg) : cfg_(cfg), mem_(cfg.max_mr == 0 || cf
     if (rx_thread && cfg.max_qp > 65535) throw Error("ContextConfig: the RX thread follows at most 65535 connections (max_qp)");
     port_ = io::open_port(cfg.port, cfg.eal);
     if (cfg.threading.app_core >= 0) threading::pin_this_thread(cfg.threading.app_core);
-    stack::StackConfig scfg = cfg.stack;
+    stack::StackConfig scfg;
+    scfg.ip = cfg.ip;
     scfg.rx_external = rx_thread;
     scfg.count_cycles = cfg.layer_cycles;
     scfg.tcp_checksums = cfg.tcp_checksums == ContextConfig::Checksums::on ||
@@ -286,7 +290,7 @@ void Engine::note_access_error(std::uint32_t ip_be) {
         r.window_start = now;
     }
     if (++r.errors == cfg_.security.max_access_errors_per_peer)
-        spdlog::warn("softrdma: {} caused {} access errors within {} s: its new connections are refused for that long",
+        log::warn("{} caused {} access errors within {} s: its new connections are refused for that long",
                      stack::Ipv4{ip_be}.str(), r.errors, cfg_.security.access_error_window.count());
 }
 
@@ -305,7 +309,7 @@ void Engine::new_request(CmListener& l, std::unique_ptr<stack::TcpConnection> co
                            now - rec.window_start < sec.access_error_window;
     if (penalized || (sec.max_pending_per_peer != 0 && rec.pending >= sec.max_pending_per_peer)) {
         const stack::TcpConnection::FlowInfo fi = conn->flow_info();
-        spdlog::debug("softrdma: connection from {}:{} reset at accept ({})", stack::Ipv4{fi.remote_ip_be}.str(),
+        log::debug("connection from {}:{} reset at accept ({})", stack::Ipv4{fi.remote_ip_be}.str(),
                       fi.remote_port, penalized ? "too many access errors" : "too many pending connections from it");
         ++refused_connections_;
         conn->abort();
@@ -389,9 +393,41 @@ std::string LayerCycles::table(std::uint64_t messages) const {
     return out;
 }
 
+namespace {
+// One Context per process: it owns the process's DPDK environment, which cannot start twice.
+enum : int { kNoContext, kContextOpen, kContextClosed };
+std::atomic<int> g_context{kNoContext};
+}  // namespace
+
 std::unique_ptr<Context> Context::open(const ContextConfig& cfg) { return std::make_unique<Context>(cfg); }
-Context::Context(const ContextConfig& cfg) : impl_(std::make_unique<detail::Engine>(cfg)) {}
-Context::~Context() = default;
+
+Context::Context(const ContextConfig& cfg) {
+    int state = kNoContext;
+    if (!g_context.compare_exchange_strong(state, kContextOpen))
+        throw Error(state == kContextOpen
+                        ? "a second Context in this process: softrdma runs one Context per process (it owns the "
+                          "process's DPDK port and TCP/IP stack); share the one you have (it serves any number of "
+                          "PDs, QPs and connections)"
+                        : "this process already had a Context: DPDK's environment cannot start twice in one "
+                          "process, so a Context cannot be opened again after one was closed; open it once and "
+                          "keep it, or use a process per Context");
+    // A failed open leaves the calling thread as it found it (DPDK or app_core may have pinned it by then).
+    cpu_set_t affinity;
+    CPU_ZERO(&affinity);
+    const bool saved = pthread_getaffinity_np(pthread_self(), sizeof affinity, &affinity) == 0;
+    try {
+        impl_ = std::make_unique<detail::Engine>(cfg);
+    } catch (...) {
+        if (saved) pthread_setaffinity_np(pthread_self(), sizeof affinity, &affinity);
+        g_context = io::eal_started() ? kContextClosed : kNoContext;
+        throw;
+    }
+}
+
+Context::~Context() {
+    impl_.reset();
+    g_context = kContextClosed;
+}
 
 std::unique_ptr<ProtectionDomain> Context::alloc_pd() {
     return std::make_unique<ProtectionDomain>(*this, impl_->new_pd_handle());
@@ -422,12 +458,16 @@ bool Context::drain(std::chrono::milliseconds timeout) {
     return impl_->run_until([this] { return impl_->stack().active_pcbs() == 0; }, timeout);
 }
 
-stack::Stack& Context::stack() noexcept { return impl_->stack(); }
-io::Port& Context::port() noexcept { return impl_->port(); }
-threading::Mode Context::threading_mode() const noexcept { return impl_->config().threading.mode; }
-RxCopyStats Context::rx_copy_stats() const noexcept { return impl_->rx_copy_stats(); }
-std::optional<threading::RxCounters> Context::rx_thread_counters() const noexcept { return impl_->rx_thread_counters(); }
-LayerCycles Context::layer_cycles() const noexcept { return impl_->layer_cycles(); }
+namespace diagnostics {
+PortCounters port(const Context& ctx) noexcept { return ctx.impl().port().counters(); }
+StackCounters stack(const Context& ctx) noexcept { return ctx.impl().stack().counters(); }
+std::optional<RxThreadCounters> rx_thread(const Context& ctx) noexcept { return ctx.impl().rx_thread_counters(); }
+RxCopyStats rx_copies(const Context& ctx) noexcept { return ctx.impl().rx_copy_stats(); }
+LayerCycles layer_cycles(const Context& ctx) noexcept { return ctx.impl().layer_cycles(); }
+unsigned tcp_connections(const Context& ctx) noexcept { return ctx.impl().stack().active_pcbs(); }
+}  // namespace diagnostics
+
+ThreadingMode Context::threading_mode() const noexcept { return impl_->config().threading.mode; }
 std::uint64_t Context::refused_connections() const noexcept { return impl_->refused_connections(); }
 
 }  // namespace softrdma::verbs

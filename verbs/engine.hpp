@@ -19,7 +19,8 @@
 #include "stack/stack.hpp"
 #include "threading/rx_thread.hpp"
 #include "verbs/memory.hpp"
-#include "verbs/verbs.hpp"
+#include <softrdma/diagnostics.hpp>
+#include <softrdma/verbs.hpp>
 
 namespace softrdma::stack {
 class TcpConnection;
@@ -40,7 +41,9 @@ public:
 
     const ContextConfig& config() const noexcept { return cfg_; }
     io::Port& port() noexcept { return *port_; }
+    const io::Port& port() const noexcept { return *port_; }
     stack::Stack& stack() noexcept { return *stack_; }
+    const stack::Stack& stack() const noexcept { return *stack_; }
     MemoryTable& memory() noexcept { return mem_; }
     // The RX thread (nullptr when running to completion).
     threading::RxThread* rx_thread() noexcept { return rx_.get(); }

@@ -8,7 +8,7 @@
 #include <string>
 
 #include "verbs/engine.hpp"
-#include "verbs/verbs.hpp"
+#include <softrdma/verbs.hpp>
 
 namespace softrdma::verbs::detail {
 namespace {

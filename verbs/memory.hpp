@@ -10,6 +10,7 @@
 // Memory: max_mr entries allocated at construction; registration and release are control-path calls.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -19,8 +20,19 @@
 #include <vector>
 
 #include "rdmap/upper.hpp"
+#include <softrdma/verbs.hpp>
 
 namespace softrdma::verbs::detail {
+
+// A posted receive, checked at post time (local_write, PD, bounds): its SGEs as spans.
+struct RecvSlot {
+    std::uint64_t wr_id{0};
+    std::array<std::span<std::byte>, kMaxSge> sge{};
+    std::uint8_t nsge{0};
+    std::uint32_t total{0};
+    bool bound{false};
+    std::uint32_t msn{0};
+};
 
 class MemoryTable {
 public:

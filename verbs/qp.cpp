@@ -8,7 +8,7 @@
 #include <cstring>
 #include <thread>
 
-#include <spdlog/spdlog.h>
+#include "base/log.hpp"
 
 #include "base/cycles.hpp"
 #include "mpa/errors.hpp"
@@ -438,7 +438,7 @@ void Qp::start_stream(stack::TcpConnection& tcp, const mpa::Agreed& agreed, cons
     if (ring_) {
         if (!p.initiator) watch(tcp);  // the initiator's FPDUs come only after our reply
         if (flow_ >= 0 && !engine_.rx_thread()->handover(static_cast<std::uint16_t>(flow_), rx_.get())) {
-            spdlog::error("softrdma: RX thread command ring full: QP {} keeps its receive path here", qp_num_);
+            log::error("RX thread command ring full: QP {} keeps its receive path here", qp_num_);
             engine_.free_flow(flow_);
             flow_ = -1;
         }
@@ -549,7 +549,7 @@ void Qp::detach_rx() noexcept {
         }
         if (!done.load(std::memory_order_acquire)) {
             // The RX thread did not answer: it may still call the receive half; leaking is safer than freeing.
-            spdlog::error("softrdma: RX thread did not release QP {} in 2 s", qp_num_);
+            log::error("RX thread did not release QP {} in 2 s", qp_num_);
             (void)rx_.release();
             return;
         }
@@ -573,6 +573,20 @@ void Qp::detach_rx() noexcept {
 // ==== the handle ==============================================================================================
 
 namespace softrdma::verbs {
+
+const char* to_string(WrOpcode o) noexcept {
+    switch (o) {
+    case WrOpcode::send: return "send";
+    case WrOpcode::send_with_imm: return "send_with_imm";
+    case WrOpcode::send_with_inv: return "send_with_inv";
+    case WrOpcode::rdma_write: return "rdma_write";
+    case WrOpcode::rdma_write_with_imm: return "rdma_write_with_imm";
+    case WrOpcode::rdma_read: return "rdma_read";
+    case WrOpcode::atomic_fetch_and_add: return "atomic_fetch_and_add";
+    case WrOpcode::atomic_cmp_and_swp: return "atomic_cmp_and_swp";
+    }
+    return "?";
+}
 
 const char* to_string(PostErrc e) noexcept {
     switch (e) {
@@ -617,8 +631,8 @@ std::unique_ptr<QueuePair> ProtectionDomain::create_qp(const QpInitAttr& attr) {
     if (attr.cap.max_send_wr == 0 || (attr.cap.max_recv_wr == 0 && attr.srq == nullptr))
         throw Error("create_qp: zero queue depth");
     if (attr.cap.max_send_wr >= (1u << 24)) throw Error("create_qp: max_send_wr too large");
-    if (attr.cap.max_send_sge > rdmap::kMaxSge || attr.cap.max_recv_sge > rdmap::kMaxSge)
-        throw Error("create_qp: at most rdmap::kMaxSge SGEs");
+    if (attr.cap.max_send_sge > kMaxSge || attr.cap.max_recv_sge > kMaxSge)
+        throw Error("create_qp: at most kMaxSge (8) SGEs");
     if (attr.srq != nullptr && attr.srq->impl().pd() != handle_) throw Error("create_qp: the SRQ belongs to another PD");
     detail::Engine& e = ctx_.impl();
     const std::uint32_t qpn = e.add_qp();  // throws when max_qp is reached

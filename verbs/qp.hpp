@@ -23,7 +23,7 @@
 #include "stack/tcp.hpp"
 #include "verbs/qp_rx.hpp"
 #include "verbs/qp_tx.hpp"
-#include "verbs/verbs.hpp"
+#include <softrdma/verbs.hpp>
 
 namespace softrdma::verbs::detail {
 

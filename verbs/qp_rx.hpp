@@ -29,9 +29,12 @@
 #include "mpa/negotiation.hpp"
 #include "rdmap/endpoint.hpp"
 #include "threading/rx_thread.hpp"
-#include "verbs/verbs.hpp"
+#include "verbs/memory.hpp"
+#include <softrdma/verbs.hpp>
 
 namespace softrdma::verbs::detail {
+
+static_assert(kMaxSge == rdmap::kMaxSge, "the API's SGE limit is the endpoint's");
 
 class MemoryTable;
 class Srq;
@@ -62,7 +65,7 @@ struct RecvQueue {
 // checked at post time; it must stay valid until the WR's completion (verbs rule), so the receive half may
 // place into it until it reports the request done.
 struct SinkList {
-    std::array<std::span<std::byte>, rdmap::kMaxSge> sge{};
+    std::array<std::span<std::byte>, kMaxSge> sge{};
     std::uint8_t n{0};
     std::span<const std::span<std::byte>> spans() const { return std::span(sge).first(n); }
 };

@@ -55,7 +55,7 @@ std::size_t SharedReceiveQueue::posted() const noexcept { return impl_->posted()
 
 std::unique_ptr<SharedReceiveQueue> ProtectionDomain::create_srq(const SrqInitAttr& attr) {
     if (attr.max_wr == 0) throw Error("create_srq: zero depth");
-    if (attr.max_sge > rdmap::kMaxSge) throw Error("create_srq: at most rdmap::kMaxSge SGEs");
+    if (attr.max_sge > kMaxSge) throw Error("create_srq: at most kMaxSge (8) SGEs");
     return std::make_unique<SharedReceiveQueue>(std::make_unique<detail::Srq>(ctx_.impl().memory(), handle_, attr));
 }
 

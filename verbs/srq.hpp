@@ -10,7 +10,8 @@
 
 #include <boost/lockfree/queue.hpp>
 
-#include "verbs/verbs.hpp"
+#include "verbs/memory.hpp"
+#include <softrdma/verbs.hpp>
 
 namespace softrdma::verbs::detail {
 

@@ -30,7 +30,7 @@
 
 #include <rte_cycles.h>
 #include <rte_mbuf.h>
-#include <spdlog/spdlog.h>
+#include <softrdma/log.hpp>
 
 #include "cli.hpp"
 #include "io/port.hpp"
@@ -117,7 +117,7 @@ bool send_one(io::Port& port, rte_mbuf* m, std::uint64_t deadline) {
 
 io::PortConfig port_config(const std::string& socket, bool server, std::uint16_t mtu) {
     io::PortConfig p;
-    p.backend = io::Backend::memif;
+    p.backend = Backend::memif;
     p.memif_socket = socket;
     p.memif_server = server;
     p.mtu = mtu;
@@ -350,13 +350,13 @@ int main(int argc, char** argv) {
             return 2;
         }
     }
-    spdlog::set_level(spdlog::level::warn);  // the children inherit it
+    softrdma::log::set_level(softrdma::log::Level::warn);  // the children inherit it
     const std::string socket = "/run/" + softrdma::procs::unique_name("softrdma-floor-") + ".sock";
     io::PortConfig server = port_config(socket, true, o.mtu), client = port_config(socket, false, o.mtu);
     io::EalConfig es, ecl;
     es.lcores = "0";
     ecl.lcores = "1";
-    if (o.no_huge) es.hugepages = ecl.hugepages = io::Hugepages::off;
+    if (o.no_huge) es.hugepages = ecl.hugepages = Hugepages::off;
     const pid_t parent = ::getpid();
     const auto out = softrdma::procs::run(
         {{"bouncer", [&] { return die_with_parent(parent) ? bouncer(server, es, o.timeout_s) : 1; }},

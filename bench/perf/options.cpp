@@ -240,9 +240,9 @@ bool parse(int argc, char** argv, Options& o, int& exit_code) {
             o.tcp_port = static_cast<std::uint16_t>(n);
         } else if (a == "--backend") {
             if (!value(v)) return fail("--backend needs a value");
-            if (v == "memif") o.backend = io::Backend::memif;
-            else if (v == "af_packet") o.backend = io::Backend::af_packet;
-            else if (v == "device") o.backend = io::Backend::device;
+            if (v == "memif") o.backend = Backend::memif;
+            else if (v == "af_packet") o.backend = Backend::af_packet;
+            else if (v == "device") o.backend = Backend::device;
             else return fail("--backend: memif, af_packet or device");
         } else if (a == "--memif-socket") {
             if (!value(v)) return fail("--memif-socket needs a path");
@@ -250,11 +250,11 @@ bool parse(int argc, char** argv, Options& o, int& exit_code) {
         } else if (a == "--iface") {
             if (!value(v)) return fail("--iface needs an interface name");
             o.iface = std::string(v);
-            o.backend = io::Backend::af_packet;
+            o.backend = Backend::af_packet;
         } else if (a == "--device") {
             if (!value(v)) return fail("--device needs a PCI address or vdev string");
             o.device = std::string(v);
-            o.backend = io::Backend::device;
+            o.backend = Backend::device;
         } else {
             usage(argv[0]);
             return fail("unknown flag " + std::string(a));
@@ -278,10 +278,10 @@ bool parse(int argc, char** argv, Options& o, int& exit_code) {
     if (p.rx_depth == 0) p.rx_depth = std::max<std::uint32_t>(2 * p.depth, 16);
     if (p.outs == 0) p.outs = std::min<std::uint32_t>(p.depth, 128);
     if (o.mode == Mode::client && o.peer.empty()) return fail("--client needs the server's address");
-    if (o.mode == Mode::local && o.backend != io::Backend::memif)
+    if (o.mode == Mode::local && o.backend != Backend::memif)
         return fail("--local runs both ends over memif; use --server/--client for af_packet or a device");
-    if (o.backend == io::Backend::af_packet && o.iface.empty()) return fail("--backend af_packet needs --iface");
-    if (o.backend == io::Backend::device && o.device.empty()) return fail("--backend device needs --device");
+    if (o.backend == Backend::af_packet && o.iface.empty()) return fail("--backend af_packet needs --iface");
+    if (o.backend == Backend::device && o.device.empty()) return fail("--backend device needs --device");
     return true;
 }
 

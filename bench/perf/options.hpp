@@ -84,7 +84,7 @@ struct Options {
     std::string addr;           // our address (default 198.18.0.1 server, 198.18.0.2 client)
     std::string netmask{"255.255.255.0"};
     std::uint16_t tcp_port{18515};
-    io::Backend backend{io::Backend::memif};
+    Backend backend{Backend::memif};
     std::string iface;          // af_packet
     std::string device;         // device: PCI address or vdev string
     std::string memif_socket{"/run/softrdma-perf.sock"};

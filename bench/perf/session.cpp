@@ -17,7 +17,9 @@
 #include "bench/perf/output.hpp"
 #include "bench/perf/stats.hpp"
 #include "tests/support/processes.hpp"
-#include "verbs/verbs.hpp"
+#include "verbs/engine.hpp"  // white-box: the stack and port behind a Context (impl())
+#include <softrdma/diagnostics.hpp>
+#include <softrdma/verbs.hpp>
 
 namespace softrdma::perf {
 namespace {
@@ -109,13 +111,13 @@ public:
         verbs::ContextConfig cc;
         cc.port = pc.port;
         cc.eal = pc.eal;
-        cc.stack = pc.stack;
+        cc.ip = pc.stack.ip;
         cc.max_mr = 16;
         cc.max_qp = 4;
-        cc.threading.mode = o.threading == "rx-thread" ? threading::Mode::rx_thread : threading::Mode::run_to_completion;
-        cc.layer_cycles = o.layers && cc.threading.mode == threading::Mode::run_to_completion;
+        cc.threading.mode = o.threading == "rx-thread" ? ThreadingMode::rx_thread : ThreadingMode::run_to_completion;
+        cc.layer_cycles = o.layers && cc.threading.mode == ThreadingMode::run_to_completion;
         ctx_ = verbs::Context::open(cc);
-        baseline_ = ctx_->stack().pool_usage();
+        baseline_ = ctx_->impl().stack().pool_usage();
         pd_ = ctx_->alloc_pd();
         stall_ = static_cast<std::uint64_t>(static_cast<double>(o.timeout_s) * 1e6 * tpu);
         const unsigned yield_after = o.yield_after != ~0u ? o.yield_after : (o.threading == "rx-thread" ? 64 : 0);
@@ -132,7 +134,7 @@ public:
         const verbs::ConnParam cp{.private_data = {reinterpret_cast<const std::byte*>(&wp), sizeof wp},
                                   .responder_resources = static_cast<std::uint16_t>(p_.outs),
                                   .initiator_depth = static_cast<std::uint16_t>(p_.outs),
-                                  .crc = o_.crc ? mpa::CrcPolicy::required : mpa::CrcPolicy::off,
+                                  .crc = o_.crc ? CrcPolicy::required : CrcPolicy::off,
                                   .rfc7306 = p_.test == Test::atomic};  // both ends agree (RFC 7306 is out of band)
         // The server may not listen yet (started at the same time, or later by hand): retry a refused
         // connect until the timeout.
@@ -212,7 +214,8 @@ public:
             std::fprintf(stderr, "rdma_perf server: refused a connection from %s: %s\n", ev->request->peer().c_str(),
                          why.c_str());
             const std::string text = "rdma_perf server: " + why;
-            ev->request->reject({reinterpret_cast<const std::byte*>(text.data()), std::min<std::size_t>(text.size(), 252)});
+            if (!ev->request->reject({reinterpret_cast<const std::byte*>(text.data()), std::min<std::size_t>(text.size(), 252)}))
+                std::fprintf(stderr, "rdma_perf server: the reject could not be sent\n");
         }
         std::memcpy(&p_, ev->private_data.bytes.data(), sizeof p_);
         remote_ = {p_.addr, p_.rkey, p_.length};
@@ -222,7 +225,7 @@ public:
         if (!id_->accept(*qp_, {.private_data = {reinterpret_cast<const std::byte*>(&me), sizeof me},
                                 .responder_resources = static_cast<std::uint16_t>(p_.outs),
                                 .initiator_depth = static_cast<std::uint16_t>(p_.outs),
-                                .crc = o_.crc ? mpa::CrcPolicy::required : mpa::CrcPolicy::off,
+                                .crc = o_.crc ? CrcPolicy::required : CrcPolicy::off,
                                 .rfc7306 = p_.test == Test::atomic}))
             fail("accept refused");
         auto est = ctx_->wait_cm_event(std::chrono::seconds(o_.timeout_s));
@@ -495,12 +498,12 @@ private:
     // ---- phases ----
     void run_client_phase(std::uint32_t k) {
         (void)k;
-        const verbs::LayerCycles l0 = o_.layers ? ctx_->layer_cycles() : verbs::LayerCycles{};
+        const verbs::LayerCycles l0 = o_.layers ? verbs::diagnostics::layer_cycles(*ctx_) : verbs::LayerCycles{};
         if (p_.kind == Kind::lat) lat_client();
         else bw_client();
         if (o_.layers) {  // warmup included: the same per-message work
             const std::uint64_t msgs = std::uint64_t{ph_.iters} + ph_.warmup;
-            std::string t = ctx_->layer_cycles().since(l0).table(msgs);
+            std::string t = verbs::diagnostics::layer_cycles(*ctx_).since(l0).table(msgs);
             std::printf("# client cycles per %s by layer:\n", p_.kind == Kind::lat ? "iteration" : "message");
             for (std::size_t at = 0; at < t.size();) {
                 const std::size_t nl = t.find('\n', at);
@@ -678,7 +681,7 @@ private:
 
     // ---- end ----
     // Why a connect request's private data is not an rdma_perf client's ("" when it is).
-    static std::string check_client(const mpa::PrivateData& pd) {
+    static std::string check_client(const PrivateData& pd) {
         if (pd.size != sizeof(WireParams))
             return "expected " + std::to_string(sizeof(WireParams)) + " bytes of private data (rdma_perf's parameters), got " +
                    (pd.size == 0 ? std::string("none (stock perftest, rping and ucmatose send none)") : std::to_string(pd.size));
@@ -692,7 +695,7 @@ private:
         return {};
     }
     // A peer's private data as text when printable (a reject's reason).
-    static std::string text_of(const mpa::PrivateData& pd) {
+    static std::string text_of(const PrivateData& pd) {
         std::string t;
         for (std::size_t i = 0; i < pd.size; ++i) {
             const auto c = static_cast<unsigned char>(pd.bytes[i]);
@@ -728,15 +731,15 @@ private:
         }
         ctx_->run_until([] { return false; }, 50ms);
         if (o_.verbose) {
-            const auto& pc = ctx_->port().counters();
-            const auto& sc = ctx_->stack().counters();
-            const rte_eth_stats ds = ctx_->port().device_stats();
+            const auto& pc = ctx_->impl().port().counters();
+            const auto& sc = ctx_->impl().stack().counters();
+            const rte_eth_stats ds = ctx_->impl().port().device_stats();
             std::fprintf(stderr, "# %s: port rx %llu tx %llu tx_refused %llu imissed %llu | stack rx_dropped %llu "
                                  "tx_dropped %llu | %s\n",
                          server_ ? "server" : "client", static_cast<unsigned long long>(pc.rx_packets),
                          static_cast<unsigned long long>(pc.tx_packets), static_cast<unsigned long long>(pc.tx_refused),
                          static_cast<unsigned long long>(ds.imissed), static_cast<unsigned long long>(sc.rx_dropped),
-                         static_cast<unsigned long long>(sc.tx_dropped), ctx_->stack().protocol_counters().c_str());
+                         static_cast<unsigned long long>(sc.tx_dropped), ctx_->impl().stack().protocol_counters().c_str());
         }
         if (cq_ && cq_->overruns() != 0) {
             std::fprintf(stderr, "rdma_perf: CQ overruns %llu\n", static_cast<unsigned long long>(cq_->overruns()));
@@ -747,7 +750,7 @@ private:
         qp_.reset();
         cq_.reset();
         mr_.reset();
-        return test::finish_checks(ctx_->stack(), ctx_->port(), baseline_, rc);
+        return test::finish_checks(ctx_->impl().stack(), ctx_->impl().port(), baseline_, rc);
     }
 
     const test::PeerConfig& pc_;

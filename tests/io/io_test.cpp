@@ -92,7 +92,7 @@ TEST_CASE("a net_ring pair carries frames both ways and returns every mbuf", "[i
     const std::string capture = "/tmp/" + unique_name("softrdma-io-capture-") + ".pcap";
     const auto out = in_child([&] {
         io::PortConfig a, b;
-        a.backend = b.backend = io::Backend::ring;
+        a.backend = b.backend = Backend::ring;
         a.capture_path = capture;
         io::EalConfig eal;
         eal.lcores = "0";
@@ -157,13 +157,13 @@ TEST_CASE("a net_ring pair carries frames both ways and returns every mbuf", "[i
 TEST_CASE("bad io configurations fail with one clear error", "[io][errors]") {
     SECTION("unknown device") {
         io::PortConfig cfg;
-        cfg.backend = io::Backend::device;
+        cfg.backend = Backend::device;
         cfg.device = "net_nosuchdriver0";
         check_failed_with(expect_open_failure(cfg), "net_nosuchdriver0");
     }
     SECTION("af_packet on an interface that does not exist") {
         io::PortConfig cfg;
-        cfg.backend = io::Backend::af_packet;
+        cfg.backend = Backend::af_packet;
         cfg.iface = "srnosuch0";
         check_failed_with(expect_open_failure(cfg), "does the af_packet interface 'srnosuch0' exist");
     }
@@ -184,7 +184,7 @@ TEST_CASE("bad io configurations fail with one clear error", "[io][errors]") {
     }
     SECTION("MTU below IPv4's minimum") {
         io::PortConfig cfg;
-        cfg.backend = io::Backend::ring;
+        cfg.backend = Backend::ring;
         cfg.mtu = 100;
         check_failed_with(expect_io_error([] { return 0; }, [=] { io::open_ring_pair(cfg, cfg); }), "minimum");
     }
@@ -196,9 +196,9 @@ TEST_CASE("bad io configurations fail with one clear error", "[io][errors]") {
         const auto hide = [] { return !hide_hugetlbfs() ? 20 : io::hugepages_available() ? 21 : 0; };
         const auto open = [] {
             io::PortConfig cfg;
-            cfg.backend = io::Backend::ring;
+            cfg.backend = Backend::ring;
             io::EalConfig eal;
-            eal.hugepages = io::Hugepages::required;
+            eal.hugepages = Hugepages::required;
             io::open_ring_pair(cfg, cfg, eal);
         };
         check_failed_with(expect_io_error(hide, open), "run scripts/setup");
@@ -211,7 +211,7 @@ TEST_CASE("bad io configurations fail with one clear error", "[io][errors]") {
         const auto out = in_child([] {
             if (!hide_hugetlbfs()) return 20;
             io::PortConfig cfg;
-            cfg.backend = io::Backend::ring;
+            cfg.backend = Backend::ring;
             auto ports = io::open_ring_pair(cfg, cfg);  // Hugepages::automatic
             return io::eal_without_hugepages() && ports[0]->link_up() ? 0 : 22;
         });
@@ -220,7 +220,7 @@ TEST_CASE("bad io configurations fail with one clear error", "[io][errors]") {
     }
     SECTION("a core list this machine does not have") {
         io::PortConfig cfg;
-        cfg.backend = io::Backend::device;
+        cfg.backend = Backend::device;
         cfg.device = "net_null0";
         io::EalConfig eal;
         eal.lcores = "250";

@@ -73,7 +73,7 @@ struct Shared {
 
 io::PortConfig port_config(const std::string& socket_base, unsigned round, bool server) {
     io::PortConfig cfg;
-    cfg.backend = io::Backend::memif;
+    cfg.backend = Backend::memif;
     cfg.memif_socket = socket_base + "-" + std::to_string(round);
     cfg.memif_server = server;
     cfg.mbufs = 4095;

@@ -86,7 +86,7 @@ TEST_CASE("256 MiB TCP stream over af_packet on a veth pair between two namespac
     VethPair veth;
     auto [server, client] = memif_pair();
     server.port = client.port = io::PortConfig{};
-    server.port.backend = client.port.backend = io::Backend::af_packet;
+    server.port.backend = client.port.backend = Backend::af_packet;
     server.port.iface = veth.if_a;
     client.port.iface = veth.if_b;
     server.netns = veth.ns_a;

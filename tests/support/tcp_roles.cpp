@@ -192,15 +192,15 @@ int finish_checks(stack::Stack& stack, io::Port& port, const stack::PoolUsage& b
 
 std::pair<PeerConfig, PeerConfig> memif_pair(std::uint16_t mtu) {
     PeerConfig s, c;
-    s.port.backend = c.port.backend = io::Backend::memif;
+    s.port.backend = c.port.backend = Backend::memif;
     s.port.memif_socket = c.port.memif_socket = "/run/" + unique_name("softrdma-test-") + ".sock";
     s.port.memif_server = true;
     c.port.memif_server = false;
     s.port.mtu = c.port.mtu = mtu;
     s.eal.lcores = "0";
     c.eal.lcores = "1";
-    s.stack.address = c.peer = stack::Ipv4::parse("198.18.0.1");
-    c.stack.address = s.peer = stack::Ipv4::parse("198.18.0.2");
+    s.stack.ip.address = c.peer = Ipv4::parse("198.18.0.1");
+    c.stack.ip.address = s.peer = Ipv4::parse("198.18.0.2");
     return {s, c};
 }
 

@@ -16,7 +16,7 @@ struct PeerConfig {
     io::EalConfig eal;
     std::string netns;          // enter this network namespace before starting DPDK ("" = stay)
     stack::StackConfig stack;
-    stack::Ipv4 peer;           // the other end's address
+    Ipv4 peer;           // the other end's address
     std::uint16_t tcp_port = 5000;
 };
 

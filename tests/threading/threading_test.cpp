@@ -31,7 +31,7 @@ ChildOutcome in_child(const std::function<int()>& body) { return run_roles({{"ch
 // Two ports back to back through net_ring (inside the child: each child has its own EAL).
 std::array<std::unique_ptr<io::Port>, 2> ring_ports() {
     io::PortConfig a, b;
-    a.backend = b.backend = io::Backend::ring;
+    a.backend = b.backend = Backend::ring;
     io::EalConfig eal;
     eal.lcores = "0";
     return io::open_ring_pair(a, b, eal);
@@ -39,8 +39,8 @@ std::array<std::unique_ptr<io::Port>, 2> ring_ports() {
 
 threading::ThreadingConfig test_cfg() {
     threading::ThreadingConfig t;
-    t.mode = threading::Mode::rx_thread;
-    t.rx_idle = {.spin_turns = 16, .then = threading::IdlePolicy::Then::sleep, .sleep = 50us};
+    t.mode = ThreadingMode::rx_thread;
+    t.rx_idle = {.spin_turns = 16, .then = IdlePolicy::Then::sleep, .sleep = 50us};
     t.rx_slots = 256;
     return t;
 }

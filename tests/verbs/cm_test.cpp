@@ -24,7 +24,7 @@
 #include "stack/tcp.hpp"
 #include "tests/verbs/fixture.hpp"
 #include "tests/wire/pcap.hpp"
-#include "verbs/verbs.hpp"
+#include <softrdma/verbs.hpp>
 
 using namespace softrdma;
 using namespace softrdma::test;
@@ -98,9 +98,9 @@ TEST_CASE("connect to a port nobody listens on: unreachable, receives flushed", 
         Peer p(cfg, 64, verbs::access::local_write);
         // No listener: the client's SYN is refused. Poll until its SYN (after ARP) has come and been answered,
         // then until the client has gone (io closes the link safely whenever it goes).
-        const auto& c = p.ctx->stack().counters();
+        const auto& c = p.ctx->impl().stack().counters();
         p.ctx->run_until([&] { return c.rx_frames >= 2 && c.tx_frames >= 2; }, kWait);
-        p.ctx->run_until([&] { return !p.ctx->port().link_up(); }, 30s);
+        p.ctx->run_until([&] { return !p.ctx->impl().port().link_up(); }, 30s);
         return p.end(0);
     };
     auto client = [](const PeerConfig& cfg) {
@@ -171,10 +171,10 @@ TEST_CASE("1024 QPs connected in one process pair, each exchanging a SEND both w
         std::vector<std::unique_ptr<verbs::QueuePair>> qps;
         std::vector<std::unique_ptr<verbs::CmId>> ids;
         explicit Many(const PeerConfig& cfg) {
-            verbs::ContextConfig cc{.port = cfg.port, .eal = cfg.eal, .stack = cfg.stack, .max_mr = 4, .max_qp = kQps,
+            verbs::ContextConfig cc{.port = cfg.port, .eal = cfg.eal, .ip = cfg.stack.ip, .max_mr = 4, .max_qp = kQps,
                                     .threading = test_threading()};
             ctx = verbs::Context::open(cc);
-            baseline = ctx->stack().pool_usage();
+            baseline = ctx->impl().stack().pool_usage();
             pd = ctx->alloc_pd();
             cq = ctx->create_cq(4 * kQps);
             buf.resize(2 * kLen * kQps);
@@ -225,7 +225,7 @@ TEST_CASE("1024 QPs connected in one process pair, each exchanging a SEND both w
             ids.clear();
             qps.clear();
             mr.reset();
-            return finish_checks(ctx->stack(), ctx->port(), baseline, rc);
+            return finish_checks(ctx->impl().stack(), ctx->impl().port(), baseline, rc);
         }
     };
     auto server = [](const PeerConfig& cfg) {
@@ -305,7 +305,7 @@ TEST_CASE("a peer that accepts TCP but never answers MPA: unreachable after the 
             void on_error(stack::TcpConnection&, stack::TcpError) override { gone = true; }
         } mute;
         {
-            stack::TcpListener l(p.ctx->stack(), cfg.tcp_port, mute);
+            stack::TcpListener l(p.ctx->impl().stack(), cfg.tcp_port, mute);
             p.ctx->run_until([&] { return mute.gone; }, kWait);
             mute.conn.reset();
         }

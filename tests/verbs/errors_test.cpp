@@ -24,7 +24,7 @@
 #include "stack/tcp.hpp"
 #include "tests/verbs/fixture.hpp"
 #include "tests/wire/pcap.hpp"
-#include "verbs/verbs.hpp"
+#include <softrdma/verbs.hpp>
 
 using namespace softrdma;
 using namespace softrdma::test;

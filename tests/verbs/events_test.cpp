@@ -24,7 +24,7 @@
 #include "stack/tcp.hpp"
 #include "tests/verbs/fixture.hpp"
 #include "tests/wire/pcap.hpp"
-#include "verbs/verbs.hpp"
+#include <softrdma/verbs.hpp>
 
 using namespace softrdma;
 using namespace softrdma::test;
@@ -56,7 +56,7 @@ TEST_CASE("layer cycle accounting: a ping-pong shows every layer", "[verbs][memi
         Peer p(c, 4096, verbs::access::local_write);
         for (int i = 0; i < 4; ++i) p.post_recv(i, 0, 64);
         p.connect();
-        const verbs::LayerCycles before = p.ctx->layer_cycles();
+        const verbs::LayerCycles before = verbs::diagnostics::layer_cycles(*p.ctx);
         const auto t0 = std::chrono::steady_clock::now();
         for (int i = 0; i < kRounds; ++i) {
             const verbs::Sge sge = p.mr->sge(1024, 64);
@@ -65,7 +65,7 @@ TEST_CASE("layer cycle accounting: a ping-pong shows every layer", "[verbs][memi
             p.post_recv(i + 4, 0, 64);
         }
         const double wall_ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
-        const verbs::LayerCycles d = p.ctx->layer_cycles().since(before);
+        const verbs::LayerCycles d = verbs::diagnostics::layer_cycles(*p.ctx).since(before);
         report("per round trip:\n" + d.table(kRounds));
         if (d.io == 0 || d.lwip == 0 || d.mpa == 0 || d.ddp_rdmap == 0 || d.verbs == 0)
             throw std::runtime_error("a layer shows no cycles");
@@ -134,7 +134,7 @@ TEST_CASE("sleep in epoll until a SEND arrives (RX thread wakes the application)
         Peer p(cfg, 4096, verbs::access::local_write);
         p.post_recv(1, 0, 64);
         p.serve();
-        if (p.ctx->threading_mode() == threading::Mode::run_to_completion) {
+        if (p.ctx->threading_mode() == ThreadingMode::run_to_completion) {
             if (p.ctx->prepare_sleep()) throw std::runtime_error("prepare_sleep() said yes in run-to-completion mode");
             Peer::expect(p.wait_wc(1)[0], WcStatus::success, WcOpcode::recv, 1);
             return p.end(0);
@@ -163,9 +163,9 @@ TEST_CASE("sleep in epoll until a SEND arrives (RX thread wakes the application)
         }
         ::close(ep);
         if (n == 0) {
-            const auto& sc = p.ctx->stack().counters();
+            const auto& sc = p.ctx->impl().stack().counters();
             throw std::runtime_error("no completion; rx frames " + std::to_string(sc.rx_frames) + ", QP " +
-                                     verbs::to_string(p.qp->state()) + ", " + p.ctx->stack().protocol_counters());
+                                     verbs::to_string(p.qp->state()) + ", " + p.ctx->impl().stack().protocol_counters());
         }
         Peer::expect(wc[0], WcStatus::success, WcOpcode::recv, 1);
         report("slept " + std::to_string(sleeps) + " times, woken by the RX thread " + std::to_string(woken));

@@ -18,7 +18,9 @@
 #include "tests/support/checks.hpp"
 #include "tests/support/processes.hpp"
 #include "tests/support/tcp_roles.hpp"
-#include "verbs/verbs.hpp"
+#include "verbs/engine.hpp"  // white-box: the stack and port behind a Context (impl())
+#include <softrdma/diagnostics.hpp>
+#include <softrdma/verbs.hpp>
 
 namespace softrdma::test::verbs_fixture {
 
@@ -32,10 +34,10 @@ inline constexpr auto kWait = 10s;
 inline threading::ThreadingConfig test_threading() {
     threading::ThreadingConfig t;
     const char* m = std::getenv("SOFTRDMA_TEST_THREADING");
-    if (m != nullptr && std::string_view(m) == "rx_thread") t.mode = threading::Mode::rx_thread;
+    if (m != nullptr && std::string_view(m) == "rx_thread") t.mode = ThreadingMode::rx_thread;
     // Two processes with two threads each on a 2-core machine: an idle RX thread sleeps rather than spin,
     // so the application threads get the cores.
-    t.rx_idle = {.spin_turns = 64, .then = threading::IdlePolicy::Then::sleep, .sleep = 50us};
+    t.rx_idle = {.spin_turns = 64, .then = IdlePolicy::Then::sleep, .sleep = 50us};
     return t;
 }
 
@@ -47,7 +49,7 @@ struct RemoteRegion {
 };
 
 inline std::span<const std::byte> as_bytes(const RemoteRegion& r) { return {reinterpret_cast<const std::byte*>(&r), sizeof r}; }
-inline RemoteRegion region_from(const mpa::PrivateData& pd) {
+inline RemoteRegion region_from(const PrivateData& pd) {
     RemoteRegion r;
     if (pd.size != sizeof r) throw std::runtime_error("private data of " + std::to_string(pd.size) + " bytes");
     std::memcpy(&r, pd.bytes.data(), sizeof r);
@@ -82,14 +84,14 @@ struct Peer {
         verbs::ContextConfig cc;
         cc.port = cfg.port;
         cc.eal = cfg.eal;
-        cc.stack = cfg.stack;
+        cc.ip = cfg.stack.ip;
         cc.max_mr = 64;
         cc.max_qp = 8;
         // A capture and the layer accounting need run-to-completion mode.
         cc.layer_cycles = cfg.stack.count_cycles;
         if (cfg.port.capture_path.empty() && !cc.layer_cycles) cc.threading = test_threading();
         ctx = verbs::Context::open(cc);
-        baseline = ctx->stack().pool_usage();
+        baseline = ctx->impl().stack().pool_usage();
         pd = ctx->alloc_pd();
         cq = ctx->create_cq(512);
         qp = pd->create_qp({.send_cq = cq.get(), .recv_cq = cq.get(), .cap = {.max_send_wr = 128, .max_recv_wr = 128}});
@@ -124,7 +126,7 @@ struct Peer {
         wait_event(verbs::CmEventType::established);
     }
     // Client: connect with our region, wait for established, read the server's region.
-    void connect(bool p2p = false, mpa::CrcPolicy crc = mpa::CrcPolicy::off) {
+    void connect(bool p2p = false, CrcPolicy crc = CrcPolicy::off) {
         const RemoteRegion me = local();
         verbs::ConnParam cp = conn;
         cp.private_data = as_bytes(me);
@@ -189,7 +191,7 @@ struct Peer {
         listener.reset();
         qp.reset();
         mr.reset();
-        return finish_checks(ctx->stack(), ctx->port(), baseline, rc);
+        return finish_checks(ctx->impl().stack(), ctx->impl().port(), baseline, rc);
     }
 };
 

@@ -31,7 +31,7 @@ verbs::ContextConfig config_for(const PeerConfig& cfg) {
     verbs::ContextConfig cc;
     cc.port = cfg.port;
     cc.eal = cfg.eal;
-    cc.stack = cfg.stack;
+    cc.ip = cfg.stack.ip;
     cc.max_mr = 16;
     cc.max_qp = 8;
     return cc;
@@ -69,14 +69,14 @@ int flood_server(const PeerConfig& cfg) {
                 if (!qps[q]->post_send({&wr, 1}).ok()) throw std::runtime_error("echo refused");
                 const verbs::Sge r = mr->sge(64 * (q * 8 + slot), 64);
                 const verbs::RecvWr rw{.wr_id = wc.wr_id, .sg_list = {&r, 1}};
-                qps[q]->post_recv({&rw, 1});
+                if (!qps[q]->post_recv({&rw, 1}).ok()) throw std::runtime_error("post_recv refused");
             }
         }
         auto ev = ctx->get_cm_event();
         if (!ev || ev->type != verbs::CmEventType::connect_request) continue;
         if (ev->private_data.size != 7 || std::memcmp(ev->private_data.bytes.data(), "SESSION", 7) != 0 || qps.size() >= 8) {
             ++refused_requests;
-            ev->request->reject({});
+            if (!ev->request->reject({})) throw std::runtime_error("reject");
             continue;
         }
         const std::size_t q = qps.size();
@@ -85,7 +85,7 @@ int flood_server(const PeerConfig& cfg) {
         for (std::uint32_t slot = 0; slot < 8; ++slot) {
             const verbs::Sge r = mr->sge(64 * (q * 8 + slot), 64);
             const verbs::RecvWr rw{.wr_id = q << 8 | slot, .sg_list = {&r, 1}};
-            qps[q]->post_recv({&rw, 1});
+            if (!qps[q]->post_recv({&rw, 1}).ok()) throw std::runtime_error("post_recv refused");
         }
         if (!ev->request->accept(*qps[q], {})) throw std::runtime_error("accept");
         ids.push_back(std::move(ev->request));
@@ -96,7 +96,7 @@ int flood_server(const PeerConfig& cfg) {
     if (!quit) throw std::runtime_error("no QUIT");
     if (ctx->refused_connections() == 0) throw std::runtime_error("the flood met no limit");
     for (auto& id : ids) id->disconnect();
-    ctx->run_until([&] { return ctx->stack().active_pcbs() == 0; }, 3s);
+    ctx->run_until([&] { return ctx->impl().stack().active_pcbs() == 0; }, 3s);
     ids.clear();
     qps.clear();
     return 0;
@@ -116,7 +116,7 @@ int flood_client(const PeerConfig& cfg) {
         for (std::uint32_t i = 0; i < 4; ++i) {
             const verbs::Sge r = mr->sge(64 * (tag * 4 + i), 64);
             const verbs::RecvWr rw{.wr_id = tag, .sg_list = {&r, 1}};
-            qp->post_recv({&rw, 1});
+            if (!qp->post_recv({&rw, 1}).ok()) throw std::runtime_error("post_recv refused");
         }
         auto id = ctx->connect(cfg.peer, cfg.tcp_port, *qp, {.private_data = std::as_bytes(std::span(hello, 7))});
         std::optional<verbs::CmEvent> ev;
@@ -146,7 +146,7 @@ int flood_client(const PeerConfig& cfg) {
                         got = true;
                         const verbs::Sge r = mr->sge(64 * (tag * 4), 64);
                         const verbs::RecvWr rw{.wr_id = tag, .sg_list = {&r, 1}};
-                        qp.post_recv({&rw, 1});
+                        if (!qp.post_recv({&rw, 1}).ok()) throw std::runtime_error("post_recv refused");
                     }
                 }
             return got;
@@ -183,7 +183,7 @@ int flood_client(const PeerConfig& cfg) {
     ctx->run_until([&] { return false; }, 200ms);
     ida->disconnect();
     idb->disconnect();
-    ctx->run_until([&] { return ctx->stack().active_pcbs() == 0; }, 5s);
+    ctx->run_until([&] { return ctx->impl().stack().active_pcbs() == 0; }, 5s);
     idb.reset();
     ida.reset();
     return 0;
@@ -204,7 +204,7 @@ TEST_CASE("a connection flood: the running session goes on and a new client gets
     VethPair veth;
     auto [server, client] = memif_pair();
     server.port = client.port = io::PortConfig{};
-    server.port.backend = client.port.backend = io::Backend::af_packet;
+    server.port.backend = client.port.backend = Backend::af_packet;
     server.port.iface = veth.if_a;
     client.port.iface = veth.if_b;
     server.netns = veth.ns_a;
@@ -220,7 +220,7 @@ TEST_CASE("a connection flood: the running session goes on and a new client gets
     REQUIRE(std::system(("ip netns exec " + veth.ns_b + " ethtool -K " + veth.if_b + " tx off >/dev/null").c_str()) == 0);
     const std::string out = "/tmp/" + unique_name("flood-") + ".txt";
     const std::string flood = "ip netns exec " + veth.ns_b + " python3 " + std::string(SOFTRDMA_SOURCE_DIR) +
-                              "/tests/verbs/flood.py " + server.stack.address.str() + " " + std::to_string(server.tcp_port) +
+                              "/tests/verbs/flood.py " + server.stack.ip.address.str() + " " + std::to_string(server.tcp_port) +
                               " " + std::to_string(kFlood) + " 5" + sources + " >" + out + " 2>&1";
     const auto outcomes = run_roles({{"server", [&] { return flood_server(server); }},
                                      {"client", [&] { return flood_client(client); }, 300ms},

@@ -440,7 +440,7 @@ TEST_CASE("no matching RTR: the RTR the responder asked for goes first, the TERM
             void on_error(stack::TcpConnection&, stack::TcpError) override { reset = true; }
         } raw;
         {
-            stack::TcpListener l(p.ctx->stack(), cfg.tcp_port, raw);
+            stack::TcpListener l(p.ctx->impl().stack(), cfg.tcp_port, raw);
             p.ctx->run_until([&] { return raw.fin || raw.reset; }, kWait);
             p.ctx->drain(1s);
             raw.conn.reset();

@@ -24,7 +24,7 @@
 #include "stack/tcp.hpp"
 #include "tests/verbs/fixture.hpp"
 #include "tests/wire/pcap.hpp"
-#include "verbs/verbs.hpp"
+#include <softrdma/verbs.hpp>
 
 using namespace softrdma;
 using namespace softrdma::test;
@@ -36,7 +36,7 @@ using verbs::WcStatus;
 
 TEST_CASE("WRITE then verify, READ into a multi-SGE sink (MPA CRC off and required)", "[verbs][memif]") {
     constexpr std::uint32_t kBytes = 256 << 10;
-    const mpa::CrcPolicy crc = GENERATE(mpa::CrcPolicy::off, mpa::CrcPolicy::required);
+    const CrcPolicy crc = GENERATE(CrcPolicy::off, CrcPolicy::required);
     INFO("client CRC policy " << static_cast<int>(crc));
     auto server = [](const PeerConfig& cfg) {
         Peer p(cfg, 2 * kBytes, kAll);
@@ -170,13 +170,13 @@ TEST_CASE("1 GiB of WRITEs with content check", "[verbs][memif][tsan-slow]") {
         // Copies on the receive path per payload byte (RxCopyStats): the placement copy is the only one, in
         // both modes (with the RX thread it happens there, straight from the mbuf). Whole frames the RX thread
         // copies for lwIP (handshake, MPA negotiation: no RDMA payload) add a few hundred bytes in a GiB.
-        const verbs::RxCopyStats cs = p.ctx->rx_copy_stats();
+        const verbs::RxCopyStats cs = verbs::diagnostics::rx_copies(*p.ctx);
         if (cs.payload_bytes < (std::uint64_t{1} << 30))
             throw std::runtime_error("only " + std::to_string(cs.payload_bytes) + " payload bytes counted");
         const double copies = cs.copies_per_payload_byte();
         if (copies < 1.0 || copies > 1.0001)
             throw std::runtime_error("copies per payload byte " + std::to_string(copies) + ", want 1");
-        if (const auto rc = p.ctx->rx_thread_counters(); rc && rc->tcp_payload_placed < (std::uint64_t{1} << 30))
+        if (const auto rc = verbs::diagnostics::rx_thread(*p.ctx); rc && rc->tcp_payload_placed < (std::uint64_t{1} << 30))
             throw std::runtime_error("the RX thread placed only " + std::to_string(rc->tcp_payload_placed) + " bytes");
         report("1 GiB verified; copies per payload byte " + std::to_string(copies));
         return p.end(0);

@@ -24,7 +24,7 @@
 #include "stack/tcp.hpp"
 #include "tests/verbs/fixture.hpp"
 #include "tests/wire/pcap.hpp"
-#include "verbs/verbs.hpp"
+#include <softrdma/verbs.hpp>
 
 using namespace softrdma;
 using namespace softrdma::test;
@@ -128,7 +128,7 @@ TEST_CASE("a burst right after the first FPDU: every message arrives across the 
                 throw std::runtime_error("message " + std::to_string(i) + " content");
         }
         std::string how = "run to completion";
-        if (const auto rc = p.ctx->rx_thread_counters()) {
+        if (const auto rc = verbs::diagnostics::rx_thread(*p.ctx)) {
             if (rc->tcp_payload_placed == 0) throw std::runtime_error("the RX thread placed nothing");
             how = "RX thread placed " + std::to_string(rc->tcp_payload_placed) + " bytes, " +
                   std::to_string(rc->tcp_payload_copied) + " copied as whole frames";

@@ -98,7 +98,7 @@ struct Side {
 struct Setup {
     const char* name;
     std::uint8_t revision;
-    mpa::CrcPolicy crc;
+    CrcPolicy crc;
     bool markers;  // both sides ask for Markers on what they receive
     bool access_violation = false;  // the last WRITE goes to a read-only region instead of an unknown STag
 };
@@ -426,20 +426,20 @@ void check_with_tshark(const std::filesystem::path& tshark, const Setup& setup, 
 
 TEST_CASE("tshark decodes our MPA startup and every RDMAP opcode it knows", "[wire][tshark]") {
     const Setup setups[] = {
-        {"rev1", 1, mpa::CrcPolicy::off, false},
-        {"rev1_crc", 1, mpa::CrcPolicy::preferred, false},
-        {"rev2", 2, mpa::CrcPolicy::off, false},
-        {"rev2_crc", 2, mpa::CrcPolicy::preferred, false},
-        {"rev2_crc_access_violation", 2, mpa::CrcPolicy::preferred, false, true},
-        {"rev1_markers", 1, mpa::CrcPolicy::preferred, true},
-        {"rev2_markers", 2, mpa::CrcPolicy::preferred, true},
+        {"rev1", 1, CrcPolicy::off, false},
+        {"rev1_crc", 1, CrcPolicy::preferred, false},
+        {"rev2", 2, CrcPolicy::off, false},
+        {"rev2_crc", 2, CrcPolicy::preferred, false},
+        {"rev2_crc_access_violation", 2, CrcPolicy::preferred, false, true},
+        {"rev1_markers", 1, CrcPolicy::preferred, true},
+        {"rev2_markers", 2, CrcPolicy::preferred, true},
     };
     const auto tshark = find_tshark();
     for (const Setup& s : setups) {
         DYNAMIC_SECTION(s.name) {
             const Result r = run_session(s);
             CHECK(r.agreed.revision == s.revision);
-            CHECK(r.agreed.crc == (s.crc != mpa::CrcPolicy::off));
+            CHECK(r.agreed.crc == (s.crc != CrcPolicy::off));
             if (!tshark) {
                 WARN("tshark is not installed: the " << s.name << " capture is not decoded");
                 SUCCEED();

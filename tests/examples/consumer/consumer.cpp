@@ -2,7 +2,8 @@
 // An out-of-tree program built against an *installed* softrdma through pkg-config alone
 // (tests/examples/consumer_test.sh). Two processes (fork) over DPDK memif without hugepages: the server
 // echoes one SEND; the client checks the echo. Prints one line the test checks; exit code 0 on success.
-#include "verbs/verbs.hpp"  // pkg-config --cflags softrdma: -I<prefix>/include/softrdma
+#include <softrdma/diagnostics.hpp>  // pkg-config --cflags softrdma: -I<prefix>/include
+#include <softrdma/verbs.hpp>
 
 #include <signal.h>
 #include <sys/wait.h>
@@ -22,14 +23,14 @@ namespace {
 
 verbs::ContextConfig config(const std::string& socket, bool server) {
     verbs::ContextConfig cc;
-    cc.port.backend = io::Backend::memif;
+    cc.port.backend = Backend::memif;
     cc.port.memif_socket = socket;
     cc.port.memif_server = server;
     cc.port.link_timeout = 10s;
-    cc.eal.hugepages = io::Hugepages::off;
+    cc.eal.hugepages = Hugepages::off;
     cc.eal.no_huge_memory_mb = 256;
     cc.eal.lcores = server ? "0" : (std::thread::hardware_concurrency() > 1 ? "1" : "0");
-    cc.stack.address = stack::Ipv4::parse(server ? "198.18.0.1" : "198.18.0.2");
+    cc.ip.address = Ipv4::parse(server ? "198.18.0.1" : "198.18.0.2");
     cc.max_mr = 4;
     cc.max_qp = 2;
     return cc;
@@ -62,7 +63,7 @@ int run(const std::string& socket, bool server) {
         id = std::move(ev->request);
         if (!id->accept(*qp, {})) return 12;
     } else {
-        id = ctx->connect(stack::Ipv4::parse("198.18.0.1"), 7000, *qp, {});
+        id = ctx->connect(Ipv4::parse("198.18.0.1"), 7000, *qp, {});
     }
     auto ev = ctx->wait_cm_event(10s);
     if (!ev || ev->type != verbs::CmEventType::established) return 13;
@@ -97,7 +98,7 @@ int run(const std::string& socket, bool server) {
     }
     // The disconnected event comes when the QP is done; TCP's close (our FIN, the peer's FIN acknowledged)
     // needs a few more turns, or the peer never hears of the end.
-    ctx->run_until([&] { return ctx->stack().active_pcbs() == 0; }, 2s);
+    ctx->run_until([&] { return softrdma::verbs::diagnostics::tcp_connections(*ctx) == 0; }, 2s);
     std::fflush(stdout);
     std::this_thread::sleep_for(300ms);  // stop polling before exit (DPDK 22.11 memif teardown race)
     id.reset();

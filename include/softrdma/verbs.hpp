@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: MIT
-// softrdma verbs: the API applications link. A verbs-like C++20 surface over the protocol core (mpa, ddp,
-// rdmap) and the packet path (io + stack), with names libibverbs/librdmacm users know:
+// softrdma verbs: the API applications link (standard C++ only: no DPDK, lwIP or Boost header comes with it).
+// A verbs-like C++20 surface over iWARP (MPA/DDP/RDMAP) on a user-level TCP/IP stack over DPDK, with the names
+// libibverbs/librdmacm users know. Building, linking and complete configurations: verbs/README.md.
 //
-//   auto ctx = verbs::Context::open(cfg);            // one per process: DPDK port + lwIP stack
+//   auto ctx = verbs::Context::open(cfg);            // one per process: DPDK port + TCP/IP stack
 //   auto pd  = ctx->alloc_pd();
 //   auto mr  = pd->reg_mr(buffer, access::local_write | access::remote_write);
 //   auto cq  = ctx->create_cq(256);
@@ -16,7 +17,7 @@
 // thread handed over (ContextConfig::threading), then TCP, CM timers and TX of every QP that has work.
 //
 // Errors: control path (open, reg_mr, create_*, listen, connect) throws verbs::Error; data path (post_send,
-// post_recv, poll) returns values and never allocates, locks or logs. CM events are logged (spdlog debug).
+// post_recv, poll) returns values and never allocates, locks or logs. CM events are logged at debug level (<softrdma/log.hpp>).
 //
 // Lifetimes: every object a Context made (PDs, MRs, CQs, SRQs, QPs, CM ids, listeners) must be destroyed
 // before the Context; a QP must outlive the CQs' and SRQ's users, i.e. destroy QPs before their CQs/SRQ and
@@ -38,20 +39,17 @@
 #include <string>
 #include <vector>
 
-#include "base/idle.hpp"
-#include "base/term_code.hpp"
-#include "io/port.hpp"
-#include "mpa/negotiation.hpp"
-#include "rdmap/endpoint.hpp"
-#include "stack/stack.hpp"
-#include "threading/config.hpp"
-#include "threading/rx_thread.hpp"
+#include <softrdma/config.hpp>
+#include <softrdma/iwarp.hpp>
 
 namespace softrdma::verbs {
 
 class Error : public std::runtime_error {
     using std::runtime_error::runtime_error;
 };
+
+// Scatter/gather entries per work request (send, receive, SRQ).
+inline constexpr std::uint32_t kMaxSge = 8;
 
 class Context;
 class ProtectionDomain;
@@ -104,6 +102,8 @@ enum class WrOpcode : std::uint8_t {
     atomic_cmp_and_swp,
 };
 
+const char* to_string(WrOpcode o) noexcept;
+
 namespace send_flags {
 inline constexpr std::uint32_t signaled = 1u << 0;   // IBV_SEND_SIGNALED
 inline constexpr std::uint32_t solicited = 1u << 1;  // IBV_SEND_SOLICITED: SEND_SE (and SEND_SE_INV)
@@ -152,7 +152,7 @@ enum class PostErrc : std::uint8_t {
 const char* to_string(PostErrc e) noexcept;
 
 template <class Wr>
-struct PostResult {
+struct [[nodiscard]] PostResult {
     PostErrc err{PostErrc::none};
     const Wr* bad_wr{nullptr};
     bool ok() const noexcept { return err == PostErrc::none; }
@@ -162,6 +162,7 @@ struct PostResult {
 enum class WcStatus : std::uint8_t { success, wr_flush_err, loc_prot_err, fatal_err };
 enum class WcOpcode : std::uint8_t { send, rdma_write, rdma_read, comp_swap, fetch_add, recv, recv_rdma_with_imm };
 const char* to_string(WcStatus s) noexcept;
+const char* to_string(WcOpcode o) noexcept;
 
 namespace wc_flags {
 inline constexpr std::uint32_t with_imm = 1u << 0;
@@ -265,20 +266,10 @@ private:
     std::uint32_t access_;
 };
 
-// A posted receive, checked at post time (local_write, PD, bounds): its SGEs as spans.
-struct RecvSlot {
-    std::uint64_t wr_id{0};
-    std::array<std::span<std::byte>, rdmap::kMaxSge> sge{};
-    std::uint8_t nsge{0};
-    std::uint32_t total{0};
-    bool bound{false};
-    std::uint32_t msn{0};
-};
-
 // ---- shared receive queue ----------------------------------------------------------------------------------
 struct SrqInitAttr {
     std::uint32_t max_wr{256};
-    std::uint32_t max_sge{rdmap::kMaxSge};
+    std::uint32_t max_sge{kMaxSge};
     std::uint32_t srq_limit{0};  // armed limit (0 = not armed)
 };
 
@@ -321,8 +312,8 @@ const char* to_string(QpState s) noexcept;
 struct QpCap {
     std::uint32_t max_send_wr{64};   // outstanding send WRs (queued + READ/atomic awaiting their response)
     std::uint32_t max_recv_wr{64};
-    std::uint32_t max_send_sge{rdmap::kMaxSge};
-    std::uint32_t max_recv_sge{rdmap::kMaxSge};
+    std::uint32_t max_send_sge{kMaxSge};
+    std::uint32_t max_recv_sge{kMaxSge};
     std::uint32_t max_inline_data{64};
 };
 
@@ -339,6 +330,9 @@ struct QpInitAttr {
 // "LLP/MPA 0x01" reads here as layer 0 type 2 (describe() shows both readings).
 // `cause`: for a TERMINATE we sent, what we found, when SecurityConfig::opaque_access_errors hid it from the
 // peer behind "invalid STag" (equal to `code` otherwise).
+// The RFC's name of a TERMINATE cause ("DDP tagged: invalid STag"), or "not an RFC 5040/5041/5044 code".
+const char* to_string(TermCode c) noexcept;
+
 struct TerminateInfo {
     TermCode code{};
     bool received{false};
@@ -383,9 +377,9 @@ public:
 
     // Registers caller memory (it must outlive the region). Throws Error when the MR table is full.
     std::unique_ptr<MemoryRegion> reg_mr(std::span<std::byte> bytes, std::uint32_t access_flags);
-    // Throws Error on a bad attribute (no CQ, zero depth, more SGEs than rdmap::kMaxSge, too many QPs).
+    // Throws Error on a bad attribute (no CQ, zero depth, more SGEs than kMaxSge, too many QPs).
     std::unique_ptr<QueuePair> create_qp(const QpInitAttr& attr);
-    // Throws Error on zero depth or more SGEs than rdmap::kMaxSge.
+    // Throws Error on zero depth or more SGEs than kMaxSge.
     std::unique_ptr<SharedReceiveQueue> create_srq(const SrqInitAttr& attr);
     Context& context() noexcept { return ctx_; }
     std::uint32_t handle() const noexcept { return handle_; }
@@ -420,8 +414,8 @@ struct ConnParam {
     // RFC 6581 peer-to-peer mode. Initiator: ask for it, offering `rtr` (the responder picks one; we send that
     // RTR before anything else). Listener defaults: the RTR types accepted (a P2P request is always answered).
     bool peer_to_peer{false};
-    mpa::RtrSet rtr{.write = true, .read = true, .send = false};
-    mpa::CrcPolicy crc{mpa::CrcPolicy::off};
+    RtrSet rtr{.write = true, .read = true, .send = false};
+    CrcPolicy crc{CrcPolicy::off};
     // MPA markers (RFC 5044 section 5). `markers_rx`: ask for them on what we receive; `markers_tx`: agree to
     // put them on what we send when the peer asks. Off by default, as Linux siw: a request or reply asking
     // for markers is then refused (MPA reject / failure), not silently obeyed.
@@ -457,7 +451,7 @@ struct CmEvent {
     CmId* id{nullptr};                  // the connection the event is about (connect_request: request.get())
     CmListener* listener{nullptr};      // connect_request: the listener
     std::unique_ptr<CmId> request;      // connect_request only
-    mpa::PrivateData private_data{};    // connect_request, established, rejected: the peer's
+    PrivateData private_data{};    // connect_request, established, rejected: the peer's
     std::uint16_t ird{0};               // connect_request: peer's IRD/ORD; established: agreed
     std::uint16_t ord{0};
     std::string reason;                 // unreachable/error/disconnected: text
@@ -474,9 +468,9 @@ public:
 
     // Responder, after connect_request: replies and moves `qp` to RTS. False if not in request state or the
     // private data is too long.
-    bool accept(QueuePair& qp, const ConnParam& param);
+    [[nodiscard]] bool accept(QueuePair& qp, const ConnParam& param);
     // Responder: an MPA reject reply with our private data, then close.
-    bool reject(std::span<const std::byte> private_data);
+    [[nodiscard]] bool reject(std::span<const std::byte> private_data);
     // Orderly: the QP goes to SQD (no new sends), the send queue drains to TCP (bounded by 5 s), then FIN and
     // the QP to err (what is still outstanding, e.g. READs awaiting their response, is flushed). A
     // disconnected event follows.
@@ -485,7 +479,7 @@ public:
     void abort();
 
     // Peer's request (connect_request) / reply (established): IRD, ORD, private data.
-    const mpa::PrivateData& peer_private_data() const noexcept;
+    const PrivateData& peer_private_data() const noexcept;
     QueuePair* qp() noexcept;
     bool connected() const noexcept;
     // Initiator: zero-length WRITEs sent behind the first FPDU (FirstFpduGuard::Mode::nudge) so far.
@@ -536,23 +530,23 @@ struct SecurityConfig {
     // are reset at accept); in all at most `max_pending`, beyond which the oldest is reset to admit the new one.
     // A client that sends its request at once (every real one) is pending for one round trip. Together with
     // lwIP evicting connections not yet in RDMA mode before those that are when its PCBs run out
-    // (stack::TcpPriority), a flood of idle connections can neither starve running sessions nor shut out new
+    // (the TCP stack's eviction order), a flood of idle connections can neither starve running sessions nor shut out new
     // clients for long (README, "Security"). 0 = no limit.
     unsigned max_pending_per_peer{64};
     unsigned max_pending{256};
 };
 
 struct ContextConfig {
-    io::PortConfig port{};
-    io::EalConfig eal{};
-    stack::StackConfig stack{};
+    PortConfig port{};
+    EalConfig eal{};
+    IpConfig ip{};
     std::uint32_t max_mr{4096};   // MR table entries (allocated at open)
     std::uint32_t max_qp{1024};   // QPs (TX work list allocated at open)
     // Run to completion (default: everything inside poll() on the application thread) or a dedicated RX
-    // thread; core pinning and the RX thread's idle policy. See threading/config.hpp.
-    threading::ThreadingConfig threading{};
-    // Per-layer cost accounting (layer_cycles()): a TSC read at each layer boundary. Run-to-completion mode
-    // only; off by default (it costs a few ns per message).
+    // thread; the RX thread's core and idle policy.
+    ThreadingConfig threading{};
+    // Per-layer cost accounting (diagnostics::layer_cycles): a TSC read at each layer boundary.
+    // Run-to-completion mode only; off by default (it costs a few ns per message).
     bool layer_cycles{false};
     // TCP checksums: automatic = off on memif (shared memory between two softrdma processes: nothing can
     // corrupt a frame, and both ends use this policy; captures then show checksum 0); on everywhere else
@@ -565,33 +559,6 @@ struct ContextConfig {
     // The application thread inside run_until() / wait_cm_event() / drain() when a turn receives nothing:
     // spin 64 turns, then yield the core (two processes may share the cores).
     IdlePolicy idle{.spin_turns = 64};
-};
-
-// Where the cycles of the data path went, by layer (ContextConfig::layer_cycles), since the Context opened.
-//   io:        DPDK rx/tx burst calls (the driver, memif copies)
-//   lwip:      lwIP input/output, timers, our netif glue (TX copy into mbufs)
-//   mpa:       deframing, markers, framing and the gather copy on TX; the CRC on TX
-//   ddp_rdmap: DDP/RDMAP receive (header checks, placement copy; with CRC on, the CRC fused into it) and TX
-//   verbs:     post_send / post_recv, completions, CM and the rest of Context::poll()
-struct LayerCycles {
-    std::uint64_t io = 0, lwip = 0, mpa = 0, ddp_rdmap = 0, verbs = 0;
-    double cycles_per_ns = 1.0;
-    std::uint64_t total() const noexcept { return io + lwip + mpa + ddp_rdmap + verbs; }
-    // The difference (this - earlier): what one measured interval cost.
-    LayerCycles since(const LayerCycles& earlier) const noexcept;
-    // One line per layer: cycles and ns per message, share of the total.
-    std::string table(std::uint64_t messages) const;
-};
-
-// Copies on the receive path, for the "one copy per payload byte" check. `payload_bytes`: DDP payload bytes
-// placed into registered memory or posted receives. `copied_bytes`: bytes of received TCP payload moved by
-// any copy on the way (the RX thread's frame copy, counted over TCP payload, and the placement copy).
-struct RxCopyStats {
-    std::uint64_t payload_bytes = 0;
-    std::uint64_t copied_bytes = 0;
-    double copies_per_payload_byte() const noexcept {
-        return payload_bytes == 0 ? 0.0 : static_cast<double>(copied_bytes) / static_cast<double>(payload_bytes);
-    }
 };
 
 class Context {
@@ -614,7 +581,7 @@ public:
     // ---- connection manager: events on their own channel, apart from CQs ----
     std::unique_ptr<CmListener> listen(std::uint16_t port, const ConnParam& defaults = {});
     // Starts TCP connect + MPA negotiation; the QP (in init) must outlive the id or be destroyed first.
-    std::unique_ptr<CmId> connect(stack::Ipv4 addr, std::uint16_t port, QueuePair& qp, const ConnParam& param);
+    std::unique_ptr<CmId> connect(Ipv4 addr, std::uint16_t port, QueuePair& qp, const ConnParam& param);
     // The oldest CM event, if any (does not poll).
     std::optional<CmEvent> get_cm_event();
     // Readable (eventfd) while CM events are queued: for epoll next to the CQs' fds.
@@ -639,17 +606,12 @@ public:
     // (A disconnected event comes when the stream ends; the TCP close handshake still needs a few turns.)
     bool drain(std::chrono::milliseconds timeout);
 
-    stack::Stack& stack() noexcept;
-    io::Port& port() noexcept;
-    threading::Mode threading_mode() const noexcept;
-    RxCopyStats rx_copy_stats() const noexcept;
-    // The RX thread's counters (frames, copies, placed payload, drops); nullopt in run-to-completion mode.
-    std::optional<threading::RxCounters> rx_thread_counters() const noexcept;
-    LayerCycles layer_cycles() const noexcept;
+    ThreadingMode threading_mode() const noexcept;
     // Connections refused or reset at accept by SecurityConfig's limits (a probing host, too many pending).
     std::uint64_t refused_connections() const noexcept;
 
     detail::Engine& impl() noexcept { return *impl_; }
+    const detail::Engine& impl() const noexcept { return *impl_; }
 
 private:
     std::unique_ptr<detail::Engine> impl_;

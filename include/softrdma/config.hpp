@@ -1,0 +1,139 @@
+// SPDX-License-Identifier: MIT
+// What a Context is opened with, part by part (verbs::ContextConfig gathers them): the port (which DPDK
+// device), the process's DPDK environment and cores, the IP address, the threading mode, the idle policy of
+// polling loops. Plain structs, standard C++ only; the layers below verbs read these same types.
+//
+// A complete memif configuration for two processes on one machine, and an af_packet one for a Linux interface,
+// are in verbs/README.md ("Your own program").
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace softrdma {
+
+// What a polling loop does when a turn finds nothing to do (the RX thread, Context::run_until and
+// wait_cm_event, the examples' loops). Spinning gives the lowest latency when each busy thread has a core;
+// yielding or sleeping lets more busy threads than cores share a small machine.
+struct IdlePolicy {
+    enum class Then { spin, yield, sleep };
+    // Idle turns spent spinning before `then` applies on each further idle turn (0 = at once).
+    unsigned spin_turns = 256;
+    Then then = Then::yield;
+    // Sleep length for Then::sleep (what waking from idle costs in latency).
+    std::chrono::microseconds sleep{20};
+
+    static constexpr IdlePolicy spin_only() { return {.spin_turns = 0, .then = Then::spin}; }
+};
+
+// ---- the port: which Ethernet device DPDK drives -----------------------------------------------------------
+enum class Backend {
+    memif,      // shared memory between two processes on one machine (the default)
+    af_packet,  // a Linux interface (veth, tap, or a physical NIC) through AF_PACKET
+    ring,       // inside one process (tests)
+    device,     // anything else DPDK can drive: `device` is a PCI address or a full vdev string
+};
+
+using MacAddress = std::array<std::uint8_t, 6>;
+
+struct PortConfig {
+    Backend backend = Backend::memif;
+    // memif: socket path shared by both ends, one end the server. Same `memif_id` on both ends.
+    std::string memif_socket = "/run/softrdma-memif.sock";
+    bool memif_server = true;
+    unsigned memif_id = 0;
+    // af_packet: the Linux interface to attach to.
+    std::string iface;
+    // device: a PCI address ("0000:01:00.0") or a full vdev string ("net_xxx0,arg=...").
+    std::string device;
+    // MAC address; unset = the backend's own (memif derives one from role and id to keep peers distinct).
+    bool has_mac = false;
+    MacAddress mac{};
+    std::uint16_t mtu = 1500;  // 9000 where the backend allows
+    std::uint16_t rx_descriptors = 1024;
+    std::uint16_t tx_descriptors = 1024;
+    // mbufs in the pool; 0 = the sizing rule in io/port.cpp (rx + tx descriptors + frames the stack may hold).
+    std::uint32_t mbufs = 0;
+    // Write every frame sent and received to this pcap file (tshark/Wireshark); empty = off. Debug aid:
+    // it costs a buffered file write per frame.
+    std::string capture_path;
+    // How long opening waits for the link (for memif: the peer process, quietly) before failing.
+    std::chrono::milliseconds link_timeout{10000};
+};
+
+// ---- the process's DPDK environment (EAL) and its cores ----------------------------------------------------
+enum class Hugepages { automatic, required, off };
+
+struct EalConfig {
+    // Core pinning. Default: none. The thread that opens the Context, DPDK's own threads and the RX thread run
+    // wherever the kernel puts them (within the process's affinity), as any program's threads do.
+    // `lcores` (DPDK's -l syntax: "1", "2-3", "0,2"): pin the thread that opens the Context to the first core
+    // of the list (DPDK's main lcore); each must be one this process may use.
+    std::string lcores;
+    // With `lcores` empty: pin to a core that no other softrdma process on this machine has claimed this way
+    // (one lock file per core in /run/softrdma, or $TMPDIR when /run is not writable; the claim ends with the
+    // process), so two processes asked to pin without a list get distinct cores. Opening fails when every
+    // core is claimed.
+    bool pin = false;
+    // automatic: use hugepages when the machine has free 2 MiB pages and a hugetlbfs mount (scripts/setup
+    // makes both), else run with --no-huge and say so once. required: fail with a clear error if absent.
+    Hugepages hugepages = Hugepages::automatic;
+    // Memory for --no-huge mode, MiB: the mbuf pool (see PortConfig) plus ~64 MiB of DPDK's own.
+    unsigned no_huge_memory_mb = 512;
+    // Distinct per process so two DPDK processes coexist; empty = "softrdma-<pid>".
+    std::string file_prefix;
+    // DPDK's own log level (1..8); errors only by default.
+    int log_level = 4;
+    // Devices to create: "--vdev" arguments (e.g. "net_memif0,role=server,socket=/run/x.sock").
+    std::vector<std::string> vdevs;
+    // Appended verbatim (experts: e.g. "--iova-mode=va").
+    std::vector<std::string> extra_args;
+};
+
+// ---- IP ----------------------------------------------------------------------------------------------------
+// An IPv4 address in network byte order.
+struct Ipv4 {
+    std::uint32_t be = 0;
+    // "198.18.0.1" -> address; throws std::invalid_argument on bad text.
+    static Ipv4 parse(std::string_view text);
+    std::string str() const;
+    friend bool operator==(Ipv4, Ipv4) = default;
+};
+
+struct IpConfig {
+    Ipv4 address = Ipv4::parse("198.18.0.1");  // RFC 2544 benchmarking range: never routed anywhere
+    Ipv4 netmask = Ipv4::parse("255.255.255.0");
+    Ipv4 gateway{};
+};
+
+// ---- threads -----------------------------------------------------------------------------------------------
+enum class ThreadingMode {
+    // One thread (the application's) polls DPDK, runs lwIP, MPA/DDP/RDMAP and TX inside Context::poll().
+    // For machines with few cores: nothing else competes for the core.
+    run_to_completion,
+    // A dedicated RX thread polls DPDK and returns each mbuf within its turn: frames of connections not yet
+    // in RDMA mode are copied into a slot the application side owns (lwIP takes it without a copy); the
+    // payload of each QP's stream is placed by the QP's receive half straight from the mbuf (the one copy),
+    // only the headers going on to lwIP. The application thread runs lwIP, the protocol's TX, completions and
+    // the CM. They meet only through bounded lock-free SPSC rings.
+    rx_thread,
+};
+
+struct ThreadingConfig {
+    ThreadingMode mode = ThreadingMode::run_to_completion;
+    // Core for the RX thread; -1 = not pinned.
+    int rx_core = -1;
+    // Core to pin the application thread (the one opening the Context) to after DPDK started; -1 = leave it.
+    int app_core = -1;
+    IdlePolicy rx_idle{};  // the RX thread when it finds no frame
+    // Frame buffers between the RX thread and the application thread. Sizing rule: frames in flight on the
+    // ring plus what lwIP may hold (its out-of-order queue, TCP_OOSEQ_MAX_PBUFS = 256) plus frames of
+    // connections still negotiating MPA; 4096 leaves room for 1024 QPs with a few frames each.
+    unsigned rx_slots = 4096;
+};
+
+}  // namespace softrdma

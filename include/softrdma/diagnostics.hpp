@@ -1,0 +1,84 @@
+// SPDX-License-Identifier: MIT
+// What a running Context can tell about itself, apart from the API: frame and byte counters of the port, the
+// TCP/IP stack and the RX thread, the copies on the receive path, the cycles each layer costs. For benchmarks,
+// tests and troubleshooting; nothing here is needed to move data. Reading them is cheap (no locks); call from
+// the thread that polls the Context.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace softrdma {
+
+// The DPDK port.
+struct PortCounters {
+    std::uint64_t rx_packets = 0, rx_bytes = 0;
+    std::uint64_t tx_packets = 0, tx_bytes = 0;
+    std::uint64_t tx_refused = 0;  // frames the TX ring could not take (the sender kept and retried them)
+};
+
+// The TCP/IP stack (lwIP) between the port and the protocol.
+struct StackCounters {
+    std::uint64_t rx_frames = 0;
+    std::uint64_t rx_dropped = 0;   // no RX buffer free, or the stack refused the frame
+    std::uint64_t tx_frames = 0;
+    std::uint64_t tx_dropped = 0;   // no mbuf, frame too large, or TX ring stayed full
+};
+
+// The dedicated RX thread (ThreadingMode::rx_thread).
+struct RxThreadCounters {
+    std::uint64_t frames = 0;              // frames handed to the application side (whole or headers only)
+    std::uint64_t bytes_copied = 0;        // bytes the RX thread copied into slots
+    std::uint64_t tcp_payload_copied = 0;  // of which TCP payload (whole frames copied)
+    std::uint64_t tcp_payload_placed = 0;  // TCP payload placed by QPs' receive halves (no slot copy)
+    std::uint64_t dropped = 0;             // oversize frames, bad checksums, held frames beyond the bound
+    std::uint64_t out_of_order = 0;        // handed-over or watched segments after a gap (payload dropped)
+    std::uint64_t stalled_turns = 0;       // turns without polling: no free slot
+};
+
+namespace verbs {
+
+class Context;
+
+// Where the cycles of the data path went, by layer (ContextConfig::layer_cycles), since the Context opened.
+//   io:        DPDK rx/tx burst calls (the driver, memif copies)
+//   lwip:      lwIP input/output, timers, our netif glue (TX copy into mbufs)
+//   mpa:       deframing, markers, framing and the gather copy on TX; the CRC on TX
+//   ddp_rdmap: DDP/RDMAP receive (header checks, placement copy; with CRC on, the CRC fused into it) and TX
+//   verbs:     post_send / post_recv, completions, CM and the rest of Context::poll()
+struct LayerCycles {
+    std::uint64_t io = 0, lwip = 0, mpa = 0, ddp_rdmap = 0, verbs = 0;
+    double cycles_per_ns = 1.0;
+    std::uint64_t total() const noexcept { return io + lwip + mpa + ddp_rdmap + verbs; }
+    // The difference (this - earlier): what one measured interval cost.
+    LayerCycles since(const LayerCycles& earlier) const noexcept;
+    // One line per layer: cycles and ns per message, share of the total.
+    std::string table(std::uint64_t messages) const;
+};
+
+// Copies on the receive path, for the "one copy per payload byte" check. `payload_bytes`: DDP payload bytes
+// placed into registered memory or posted receives. `copied_bytes`: bytes of received TCP payload moved by
+// any copy on the way (the RX thread's frame copy, counted over TCP payload, and the placement copy).
+struct RxCopyStats {
+    std::uint64_t payload_bytes = 0;
+    std::uint64_t copied_bytes = 0;
+    double copies_per_payload_byte() const noexcept {
+        return payload_bytes == 0 ? 0.0 : static_cast<double>(copied_bytes) / static_cast<double>(payload_bytes);
+    }
+};
+
+namespace diagnostics {
+PortCounters port(const Context& ctx) noexcept;
+StackCounters stack(const Context& ctx) noexcept;
+// nullopt when running to completion.
+std::optional<RxThreadCounters> rx_thread(const Context& ctx) noexcept;
+RxCopyStats rx_copies(const Context& ctx) noexcept;
+// All zero unless ContextConfig::layer_cycles (run-to-completion mode only).
+LayerCycles layer_cycles(const Context& ctx) noexcept;
+// TCP connections not yet fully closed (a closing handshake still under way counts).
+unsigned tcp_connections(const Context& ctx) noexcept;
+}  // namespace diagnostics
+
+}  // namespace verbs
+}  // namespace softrdma
