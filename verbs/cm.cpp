@@ -227,6 +227,13 @@ void Conn::qp_gone() noexcept {
     abort();
 }
 
+bool Conn::qp_leaves() noexcept {
+    if (phase_ != Phase::closed) return false;
+    qp_ = nullptr;
+    qp_handle_ = nullptr;
+    return true;
+}
+
 // ---- TCP events ---------------------------------------------------------------------------------------------
 
 void Conn::on_tcp_connected() {

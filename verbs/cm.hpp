@@ -56,6 +56,10 @@ public:
     void stream_error(stack::TcpError e);    // the connection is gone (reset, timeout)
     void stream_failed();                    // the QP is in ERR and its TERMINATE is out: close
     void qp_gone() noexcept;                 // the QP is being destroyed while connected: abort
+    // The QP goes back to RESET (QueuePair::modify_state): it leaves a connection that has ended (the CmId
+    // keeps closing it in order, and no longer names the QP). False while the connection is still in use.
+    bool qp_leaves() noexcept;
+    bool closed() const noexcept { return phase_ == Phase::closed; }
 
     // ---- the engine's interface ----
     // Poll stage: negotiation time limits, the first-FPDU guard, a deferred TERMINATE, a drain, a pending close.

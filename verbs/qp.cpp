@@ -259,7 +259,15 @@ bool Qp::modify_state(QpState s) noexcept {
         state_ = QpState::init;
         return true;
     }
-    if (s == QpState::reset && state_ == QpState::err && conn_ == nullptr) {
+    if (s == QpState::reset && state_ == QpState::err) {
+        // Back to RESET once the stream is over (a refused connect, a disconnect, a TERMINATE whose connection
+        // has closed): everything was flushed on the way into ERR; the CmId, if any, lets go of this QP, and
+        // the QP can be taken to INIT and connected again (start_stream restarts both halves).
+        if (conn_ != nullptr) {
+            if (!conn_->qp_leaves()) return false;  // the connection is still closing: not yet
+            conn_ = nullptr;
+        }
+        term_.reset();
         state_ = QpState::reset;
         return true;
     }

@@ -352,8 +352,10 @@ public:
     PostResult<SendWr> post_send(std::span<const SendWr> wrs) noexcept;
     PostResult<RecvWr> post_recv(std::span<const RecvWr> wrs) noexcept;
 
-    // reset -> init, and any state -> err (flushes every outstanding WR; a connected QP also ends its
-    // stream: use CmId::disconnect() for an orderly end). rtr/rts/sqd are entered by the connection manager.
+    // reset -> init; any state -> err (flushes every outstanding WR; a connected QP also ends its stream: use
+    // CmId::disconnect() for an orderly end); err -> reset once its connection has ended (false while it is
+    // still closing: poll and ask again), after which the QP may go to init and connect again (its CmId, if
+    // still held, then names no QP). rtr/rts/sqd are entered by the connection manager.
     bool modify_state(QpState s) noexcept;
     QpState state() const noexcept;
     std::uint32_t qp_num() const noexcept;

@@ -34,7 +34,9 @@ using verbs::WcOpcode;
 using verbs::WcStatus;
 
 
-TEST_CASE("a CM reject carries the responder's private data to the initiator", "[verbs][memif]") {
+TEST_CASE("a CM reject carries the responder's private data to the initiator, whose QP goes ERR -> RESET -> INIT "
+          "and connects again",
+          "[verbs][memif]") {
     auto server = [](const PeerConfig& cfg) {
         Peer p(cfg, 64, verbs::access::local_write);
         p.listener = p.ctx->listen(cfg.tcp_port);
@@ -43,7 +45,22 @@ TEST_CASE("a CM reject carries the responder's private data to the initiator", "
         if (!ev.request->reject(std::as_bytes(std::span(no)))) throw std::runtime_error("reject refused");
         p.ctx->run_until([] { return false; }, 200ms);
         ev.request.reset();
-        p.disconnected = true;
+        // The second request (the same QP, reset and connected again) is accepted; one SEND each way.
+        auto again = p.wait_event(verbs::CmEventType::connect_request);
+        p.id = std::move(again.request);
+        p.post_recv(1, 0, 32);
+        verbs::ConnParam cp = p.conn;
+        const RemoteRegion me = p.local();
+        cp.private_data = as_bytes(me);  // what the fixture's connect() reads
+        if (!p.id->accept(*p.qp, cp)) throw std::runtime_error("accept refused");
+        p.wait_event(verbs::CmEventType::established);
+        std::memcpy(p.buf.data() + 32, "second time lucky", 17);
+        const verbs::Sge s = p.mr->sge(32, 17);
+        p.post_send({.wr_id = 2, .opcode = verbs::WrOpcode::send, .send_flags = verbs::send_flags::signaled,
+                     .sg_list = {&s, 1}});
+        auto wc = p.wait_wc(2);
+        for (const auto& w : wc)
+            if (w.status != WcStatus::success) throw std::runtime_error("second connection: a completion failed");
         return p.end(0);
     };
     auto client = [](const PeerConfig& cfg) {
@@ -57,10 +74,32 @@ TEST_CASE("a CM reject carries the responder's private data to the initiator", "
         if (got != std::string("no room at the inn", 19)) throw std::runtime_error("private data: " + got);
         // The QP went to ERR; its receive was flushed.
         Peer::expect(p.wait_wc(1)[0], WcStatus::wr_flush_err, WcOpcode::recv, 9);
-        p.disconnected = true;
+        if (p.qp->state() != verbs::QpState::err) throw std::runtime_error("QP not in ERR after the reject");
+        // ERR -> RESET -> INIT (libibverbs' way back), then the same QP connects again.
+        p.ctx->run_until([&] { return p.qp->modify_state(verbs::QpState::reset); }, kWait);
+        if (p.qp->state() != verbs::QpState::reset || p.qp->terminate_info())
+            throw std::runtime_error(std::string("RESET refused: ") + verbs::to_string(p.qp->state()));
+        if (!p.qp->modify_state(verbs::QpState::init)) throw std::runtime_error("INIT refused");
+        p.post_recv(10, 0, 32);
+        p.connect();
+        std::memcpy(p.buf.data() + 32, "and again", 9);
+        const verbs::Sge s = p.mr->sge(32, 9);
+        p.post_send({.wr_id = 11, .opcode = verbs::WrOpcode::send, .send_flags = verbs::send_flags::signaled,
+                     .sg_list = {&s, 1}});
+        auto wc = p.wait_wc(2);
+        bool got_recv = false;
+        for (const auto& w : wc) {
+            if (w.status != WcStatus::success) throw std::runtime_error("second connection: a completion failed");
+            got_recv = got_recv || (w.opcode == WcOpcode::recv && w.wr_id == 10 && w.byte_len == 17);
+        }
+        if (!got_recv || std::memcmp(p.buf.data(), "second time lucky", 17) != 0)
+            throw std::runtime_error("the server's SEND did not arrive on the reconnected QP");
+        report("reconnected after RESET: SEND each way");
         return p.end(0);
     };
-    check_outcomes(run_pair(server, client));
+    const auto out = run_pair(server, client);
+    check_outcomes(out);
+    CHECK(out[1].report.find("reconnected after RESET") != std::string::npos);
 }
 
 TEST_CASE("peer-to-peer: the RTR lets the responder send first", "[verbs][memif]") {
