@@ -85,7 +85,7 @@ const char* to_string(WcOpcode o) noexcept {
     return "?";
 }
 
-CompletionQueue::CompletionQueue(std::unique_ptr<detail::Cq> impl) : impl_(std::move(impl)) {}
+CompletionQueue::CompletionQueue(std::shared_ptr<detail::Cq> impl) : impl_(std::move(impl)) {}
 CompletionQueue::~CompletionQueue() = default;
 std::size_t CompletionQueue::poll(std::span<WorkCompletion> out) noexcept { return impl_->poll(out); }
 std::size_t CompletionQueue::size() const noexcept { return impl_->size(); }

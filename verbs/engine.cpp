@@ -435,7 +435,7 @@ std::unique_ptr<ProtectionDomain> Context::alloc_pd() {
 
 std::unique_ptr<CompletionQueue> Context::create_cq(std::uint32_t cqe) {
     if (cqe == 0) throw Error("create_cq: cqe must be > 0");
-    return std::make_unique<CompletionQueue>(std::make_unique<detail::Cq>(cqe));
+    return std::make_unique<CompletionQueue>(std::make_shared<detail::Cq>(cqe));
 }
 
 unsigned Context::poll() noexcept { return impl_->poll(); }

@@ -26,7 +26,10 @@ constexpr std::uint64_t kRtrWrId = ~std::uint64_t{0};  // the RTR's and nudges' 
 }  // namespace
 
 Qp::Qp(Engine& engine, ProtectionDomain& pd, const QpInitAttr& attr, std::uint32_t qp_num)
-    : engine_(engine),
+    : keep_send_cq_(attr.send_cq->shared_impl()),
+      keep_recv_cq_(attr.recv_cq->shared_impl()),
+      keep_srq_(attr.srq != nullptr ? attr.srq->shared_impl() : nullptr),
+      engine_(engine),
       pd_(pd),
       send_cq_(attr.send_cq->impl()),
       recv_cq_(attr.recv_cq->impl()),
@@ -335,7 +338,9 @@ void Qp::apply(const RxEvent& e) noexcept {
         if (state_ != QpState::err) enter_error();
         break;
     case RxEvent::Kind::first_bytes: note_rx_start(); break;
-    case RxEvent::Kind::srq_limit: engine_.push_async(AsyncEvent{AsyncEventType::srq_limit_reached, srq_->handle()}); break;
+    case RxEvent::Kind::srq_limit:  // not for an SRQ whose handle is gone (nobody could act on it)
+        if (srq_->handle() != nullptr) engine_.push_async(AsyncEvent{AsyncEventType::srq_limit_reached, srq_->handle()});
+        break;
     }
 }
 

@@ -149,6 +149,11 @@ private:
         std::uint32_t next_free{0};
     };
 
+    // The CQs and the SRQ this QP uses, held so that their handles may go first (declared first: they go last,
+    // after everything here that may still touch them).
+    std::shared_ptr<Cq> keep_send_cq_;
+    std::shared_ptr<Cq> keep_recv_cq_;
+    std::shared_ptr<Srq> keep_srq_;
     Engine& engine_;
     ProtectionDomain& pd_;
     Cq& send_cq_;

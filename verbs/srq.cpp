@@ -44,10 +44,11 @@ bool Srq::take(RecvSlot& out, bool& limit_reached) noexcept {
 
 namespace softrdma::verbs {
 
-SharedReceiveQueue::SharedReceiveQueue(std::unique_ptr<detail::Srq> impl) : impl_(std::move(impl)) {
+SharedReceiveQueue::SharedReceiveQueue(std::shared_ptr<detail::Srq> impl) : impl_(std::move(impl)) {
     impl_->set_handle(this);
 }
-SharedReceiveQueue::~SharedReceiveQueue() = default;
+// QPs may still take receives from it; its limit event then names no handle.
+SharedReceiveQueue::~SharedReceiveQueue() { impl_->set_handle(nullptr); }
 PostResult<RecvWr> SharedReceiveQueue::post_recv(std::span<const RecvWr> wrs) noexcept { return impl_->post_recv(wrs); }
 void SharedReceiveQueue::arm_limit(std::uint32_t limit) noexcept { impl_->arm_limit(limit); }
 std::uint32_t SharedReceiveQueue::limit() const noexcept { return impl_->limit(); }
@@ -56,7 +57,7 @@ std::size_t SharedReceiveQueue::posted() const noexcept { return impl_->posted()
 std::unique_ptr<SharedReceiveQueue> ProtectionDomain::create_srq(const SrqInitAttr& attr) {
     if (attr.max_wr == 0) throw Error("create_srq: zero depth");
     if (attr.max_sge > kMaxSge) throw Error("create_srq: at most kMaxSge (8) SGEs");
-    return std::make_unique<SharedReceiveQueue>(std::make_unique<detail::Srq>(ctx_.impl().memory(), handle_, attr));
+    return std::make_unique<SharedReceiveQueue>(std::make_shared<detail::Srq>(ctx_.impl().memory(), handle_, attr));
 }
 
 }  // namespace softrdma::verbs

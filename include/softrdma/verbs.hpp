@@ -19,9 +19,10 @@
 // Errors: control path (open, reg_mr, create_*, listen, connect) throws verbs::Error; data path (post_send,
 // post_recv, poll) returns values and never allocates, locks or logs. CM events are logged at debug level (<softrdma/log.hpp>).
 //
-// Lifetimes: every object a Context made (PDs, MRs, CQs, SRQs, QPs, CM ids, listeners) must be destroyed
-// before the Context; a QP must outlive the CQs' and SRQ's users, i.e. destroy QPs before their CQs/SRQ and
-// MRs only after no posted WR uses them. Destroying a connected QP or CmId aborts the connection (RST).
+// Lifetimes: a QP keeps its CQs and SRQ alive (destroying their handles first is safe: the QP's completions
+// still go into them, unread). Still the application's: every object a Context made (PDs, MRs, CQs, SRQs,
+// QPs, CM ids, listeners) must be destroyed before the Context, a PD after its QPs and MRs, and an MR only
+// after no posted WR uses it. Destroying a connected QP or CmId aborts the connection (RST).
 //
 // Every class here is a handle: its state lives in an internal object of verbs/ (detail::), which the other
 // parts of the library reach through impl(); applications never need it.
@@ -201,7 +202,7 @@ struct WorkCompletion {
 // ring full is dropped and counted in overruns() (the CQ overrun error of verbs).
 class CompletionQueue {
 public:
-    explicit CompletionQueue(std::unique_ptr<detail::Cq> impl);  // made by Context::create_cq
+    explicit CompletionQueue(std::shared_ptr<detail::Cq> impl);  // made by Context::create_cq
     ~CompletionQueue();
     CompletionQueue(const CompletionQueue&) = delete;
     CompletionQueue& operator=(const CompletionQueue&) = delete;
@@ -225,9 +226,11 @@ public:
     bool get_event() noexcept;
 
     detail::Cq& impl() noexcept { return *impl_; }
+    // The QPs that use this CQ hold it too: destroying the handle first leaves it to them.
+    const std::shared_ptr<detail::Cq>& shared_impl() const noexcept { return impl_; }
 
 private:
-    std::unique_ptr<detail::Cq> impl_;
+    std::shared_ptr<detail::Cq> impl_;
 };
 
 // ---- memory regions ----------------------------------------------------------------------------------------
@@ -280,7 +283,7 @@ struct SrqInitAttr {
 // disarms. Sizing: max_wr slots, allocated at creation.
 class SharedReceiveQueue {
 public:
-    explicit SharedReceiveQueue(std::unique_ptr<detail::Srq> impl);  // made by ProtectionDomain::create_srq
+    explicit SharedReceiveQueue(std::shared_ptr<detail::Srq> impl);  // made by ProtectionDomain::create_srq
     ~SharedReceiveQueue();
     SharedReceiveQueue(const SharedReceiveQueue&) = delete;
     SharedReceiveQueue& operator=(const SharedReceiveQueue&) = delete;
@@ -290,9 +293,10 @@ public:
     std::size_t posted() const noexcept;
 
     detail::Srq& impl() noexcept { return *impl_; }
+    const std::shared_ptr<detail::Srq>& shared_impl() const noexcept { return impl_; }
 
 private:
-    std::unique_ptr<detail::Srq> impl_;
+    std::shared_ptr<detail::Srq> impl_;
 };
 
 enum class AsyncEventType : std::uint8_t { srq_limit_reached };

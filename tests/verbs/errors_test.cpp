@@ -235,3 +235,41 @@ TEST_CASE("a TERMINATE flushes the send queue in posting order: the request on t
     };
     check_outcomes(run_pair(server, client));
 }
+
+TEST_CASE("a CQ and an SRQ destroyed before the QP that uses them: the QP keeps them; flushing into them and "
+          "destroying the QP afterwards stay safe (ASan run)",
+          "[verbs][memif][lifetimes]") {
+    auto server = [](const PeerConfig& cfg) {
+        Peer p(cfg, 64, verbs::access::local_write);
+        p.ctx->run_until([] { return false; }, 300ms);
+        return p.end(0);
+    };
+    auto client = [](const PeerConfig& cfg) {
+        Peer p(cfg, 256, verbs::access::local_write);
+        auto cq = p.ctx->create_cq(16);
+        auto srq = p.pd->create_srq({.max_wr = 8});
+        auto plain = p.pd->create_qp({.send_cq = cq.get(), .recv_cq = cq.get(), .cap = {.max_send_wr = 4, .max_recv_wr = 4}});
+        auto shared = p.pd->create_qp({.send_cq = cq.get(), .recv_cq = cq.get(), .cap = {.max_send_wr = 4}, .srq = srq.get()});
+        for (std::uint64_t i = 0; i < 3; ++i) {
+            const verbs::Sge s = p.mr->sge(64 * i, 64);
+            const verbs::RecvWr r{.wr_id = i, .sg_list = {&s, 1}};
+            if (!plain->post_recv({&r, 1}).ok() || !srq->post_recv({&r, 1}).ok()) throw std::runtime_error("post_recv");
+        }
+        // The handles go first, in the order libibverbs would refuse (EBUSY): the QPs hold what they use.
+        cq.reset();
+        srq.reset();
+        // ERR flushes the plain QP's three receives into the CQ nobody holds a handle to any more.
+        if (!plain->modify_state(verbs::QpState::err) || !shared->modify_state(verbs::QpState::err))
+            throw std::runtime_error("modify to ERR refused");
+        if (plain->state() != verbs::QpState::err || shared->state() != verbs::QpState::err)
+            throw std::runtime_error("not in ERR");
+        plain.reset();   // the CQ goes with the last QP using it
+        shared.reset();  // the SRQ (and its three receives) too
+        report("handles first, then the QPs: no fault");
+        p.disconnected = true;
+        return p.end(0);
+    };
+    const auto out = run_pair(server, client);
+    check_outcomes(out);
+    CHECK(out[1].report.find("handles first, then the QPs: no fault") != std::string::npos);
+}
