@@ -90,10 +90,11 @@ private:
     }
     void forward_terminate();
 
-    // The tx endpoint's upper layer: the application's, plus what rx must learn.
-    struct TxWiring final : Upper {
+    // Both endpoints' upper layers reach the application's memory and receives unchanged; what differs is how
+    // each half tells the other what it learnt.
+    struct Wiring : Upper {
         Duplex& d;
-        explicit TxWiring(Duplex& dx) : d(dx) {}
+        explicit Wiring(Duplex& dx) : d(dx) {}
         Mem tagged(std::uint32_t stag, std::uint64_t to, std::size_t len, Access a) override {
             return d.upper_.tagged(stag, to, len, a);
         }
@@ -102,22 +103,17 @@ private:
             return d.upper_.recv_place(msn, mo, len);
         }
         MemError invalidate(std::uint32_t stag) override { return d.upper_.invalidate(stag); }
+    };
+    // The tx endpoint's upper layer: the application's, plus what rx must learn.
+    struct TxWiring final : Wiring {
+        using Wiring::Wiring;
         void on_completion(const Completion& c) override { d.upper_.on_completion(c); }
         void on_terminate(const TermReport& t) override;
         void on_request_sent(const OrqEntry& e) override { d.rx_.expect_response(e); }
     };
     // The rx endpoint's upper layer.
-    struct RxWiring final : Upper {
-        Duplex& d;
-        explicit RxWiring(Duplex& dx) : d(dx) {}
-        Mem tagged(std::uint32_t stag, std::uint64_t to, std::size_t len, Access a) override {
-            return d.upper_.tagged(stag, to, len, a);
-        }
-        MemError recv_begin(std::uint32_t msn) override { return d.upper_.recv_begin(msn); }
-        Mem recv_place(std::uint32_t msn, std::uint32_t mo, std::size_t len) override {
-            return d.upper_.recv_place(msn, mo, len);
-        }
-        MemError invalidate(std::uint32_t stag) override { return d.upper_.invalidate(stag); }
+    struct RxWiring final : Wiring {
+        using Wiring::Wiring;
         void on_completion(const Completion& c) override;
         void on_terminate(const TermReport& t) override;
         void on_inbound_request(const IrqEntry& e) override { d.tx_.answer(e); }

@@ -28,10 +28,7 @@
 
 using namespace softrdma;
 using namespace softrdma::test;
-using namespace softrdma::test::verbs_fixture;
-using namespace std::chrono_literals;
-using verbs::WcOpcode;
-using verbs::WcStatus;
+using namespace softrdma::test::verbs_fixture;  // with std::chrono_literals, WcOpcode, WcStatus
 
 
 TEST_CASE("WRITE then verify, READ into a multi-SGE sink (MPA CRC off and required)", "[verbs][memif]") {
