@@ -355,6 +355,10 @@ std::size_t Endpoint::emit_sq(std::span<std::byte> out) {
         if (maxp == 0 && total > 0) return 0;  // MULPDU below the header length: nothing can go out
         ddp::Segment seg = ddp::SegmentPlan(total, std::max<std::size_t>(maxp, 1)).from(tx_sent_);
         if (imm_joins && seg.last && framer_.wire_size(op.hdr_len + seg.len) + imm_wire > out.size()) return 0;
+        if (seg.len != 0 && !upper_.source_alive(wr.wr_id)) {  // its memory was deregistered since the post
+            fail(err::local_catastrophic, {}, 0);
+            return 0;
+        }
         const std::size_t np = gather_sgl(wr, seg.offset, seg.len);
         if (send) {
             ddp::UntaggedHeader{ddp::ctrl_with_last(op.ctrl, seg.last), wr.with_inv ? wr.inv_stag : 0, kQnSend,

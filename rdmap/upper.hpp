@@ -50,8 +50,9 @@ enum class MemError : std::uint8_t {
     invalidated,   // STag invalidated, or its key part does not match
     misaligned,    // atomic target not 8-byte aligned
     no_receive,    // no posted receive for an inbound untagged message
+    local_gone,    // our own buffer (a posted receive, a READ sink) lost its registration while in use
 };
-inline constexpr std::size_t kMemErrorCount = 8;
+inline constexpr std::size_t kMemErrorCount = 9;
 
 enum class Access : std::uint8_t {
     local_write,   // READ response sink: our own region named in our READ request
@@ -72,18 +73,21 @@ inline constexpr std::size_t kMemUseCount = 4;
 // The one mapping from MemError to TERMINATE code (RFC 5040 section 4.8, RFC 5041 section 7.2).
 // RFC 5041 has no tagged "access" code: an access violation on a tagged sink is reported as RDMAP's remote
 // protection "access rights violation", which names it exactly (siw uses DDP "invalid STag" instead).
-// Receive SGEs failing their own checks are a local problem: DDP local catastrophic (as siw).
+// Receive SGEs failing their own checks are a local problem: DDP local catastrophic (as siw); so is a local
+// buffer whose registration ended while a message was placed into it (local_gone).
 inline constexpr std::array<std::array<TermCode, kMemErrorCount>, kMemUseCount> kMemErrorTable = {{
-    // none, invalid_stag, wrong_pd, access, bounds, invalidated, misaligned, no_receive
+    // none, invalid_stag, wrong_pd, access, bounds, invalidated, misaligned, no_receive, local_gone
     {{ddp::err::local_catastrophic, ddp::err::t_invalid_stag, ddp::err::t_stag_not_assoc, err::p_access,
-      ddp::err::t_base_bounds, ddp::err::t_invalid_stag, ddp::err::t_base_bounds, ddp::err::local_catastrophic}},
+      ddp::err::t_base_bounds, ddp::err::t_invalid_stag, ddp::err::t_base_bounds, ddp::err::local_catastrophic,
+      ddp::err::local_catastrophic}},
     {{err::local_catastrophic, err::p_invalid_stag, err::p_stag_not_assoc, err::p_access, err::p_base_bounds,
-      err::p_invalid_stag, err::p_base_bounds, err::local_catastrophic}},
+      err::p_invalid_stag, err::p_base_bounds, err::local_catastrophic, err::local_catastrophic}},
     {{ddp::err::local_catastrophic, ddp::err::local_catastrophic, ddp::err::local_catastrophic,
       ddp::err::local_catastrophic, ddp::err::u_too_long, ddp::err::local_catastrophic, ddp::err::local_catastrophic,
-      ddp::err::u_no_buffer}},
+      ddp::err::u_no_buffer, ddp::err::local_catastrophic}},
     {{err::o_cannot_invalidate, err::o_cannot_invalidate, err::p_cannot_invalidate, err::p_cannot_invalidate,
-      err::o_cannot_invalidate, err::o_cannot_invalidate, err::o_cannot_invalidate, err::o_cannot_invalidate}},
+      err::o_cannot_invalidate, err::o_cannot_invalidate, err::o_cannot_invalidate, err::o_cannot_invalidate,
+      err::o_cannot_invalidate}},
 }};
 
 constexpr TermCode term_code_for(MemError e, MemUse use) {
@@ -161,6 +165,10 @@ public:
     virtual Mem recv_place(std::uint32_t msn, std::uint32_t mo, std::size_t len) = 0;
     // Invalidates `stag` (SEND with Invalidate, RFC 5040 section 5.3); none when done.
     virtual MemError invalidate(std::uint32_t stag) = 0;
+    // Asked before each FPDU of a SEND or WRITE is gathered from the WR's SGEs: false when their memory is no
+    // longer the WR's to read (deregistered since the post). The stream then ends with a TERMINATE (RDMAP
+    // local catastrophic error: the message is cut short) and the WR is flushed.
+    virtual bool source_alive(std::uint64_t /*wr_id*/) { return true; }
 
     virtual void on_completion(const Completion& c) = 0;
     // The stream is dead: a TERMINATE was sent or received. Posted work is flushed after this call.

@@ -94,7 +94,11 @@ struct Conn::TcpHandler final : stack::TcpConnection::Handler {
 };
 
 Conn::Conn(Engine& engine, CmListener& listener, const ConnParam& defaults, std::unique_ptr<stack::TcpConnection> tcp)
-    : engine_(engine), handler_(std::make_unique<TcpHandler>(*this)), tcp_(std::move(tcp)), listener_(&listener) {
+    : keep_engine_(engine.shared_from_this()),
+      engine_(engine),
+      handler_(std::make_unique<TcpHandler>(*this)),
+      tcp_(std::move(tcp)),
+      listener_(&listener) {
     tcp_->set_handler(handler_.get());
     tcp_->set_priority(stack::TcpPriority::expendable);  // gives way to new connections until RDMA mode
     peer_ = peer_of(*tcp_);
@@ -116,7 +120,7 @@ Conn::Conn(Engine& engine, CmListener& listener, const ConnParam& defaults, std:
 }
 
 Conn::Conn(Engine& engine, stack::Ipv4 addr, std::uint16_t port, QueuePair& qp, const ConnParam& param)
-    : engine_(engine), handler_(std::make_unique<TcpHandler>(*this)), initiator_(true) {
+    : keep_engine_(engine.shared_from_this()), engine_(engine), handler_(std::make_unique<TcpHandler>(*this)), initiator_(true) {
     pd_copy_.assign(param.private_data.begin(), param.private_data.end());
     mpa::NegotiationConfig nc;
     nc.revision = param.mpa_revision;
@@ -151,6 +155,24 @@ Conn::~Conn() {
     // is what crashes siw). Only a connection still in use is aborted (RST).
     if (tcp_ && (close_pending_ || deferred_term_) && tcp_->open() && tcp_->close()) return;
     if (tcp_) tcp_->abort();
+}
+
+void Conn::close_for_context() noexcept {
+    draining_ = false;
+    guarding_ = false;
+    deferred_term_.reset();
+    if (phase_ == Phase::closed) return;  // ended in order: its FIN goes out while the Context lingers
+    take_back_tcp();
+    if (tcp_) tcp_->abort();  // RST: the application let go of the Context with this connection in use
+    finish(CmEventType::disconnected, "the Context closed", /*quiet=*/true);
+}
+
+void Conn::drop_tcp() noexcept {
+    leave_pending();
+    close_pending_ = false;
+    take_back_tcp();
+    unbind_qp();
+    tcp_.reset();  // aborts a connection still open (the linger ran out)
 }
 
 void Conn::unbind_qp() noexcept {
@@ -562,12 +584,18 @@ struct Listener::Acceptor final : stack::TcpListener::Handler {
 };
 
 Listener::Listener(Engine& engine, std::uint16_t port, const ConnParam& defaults)
-    : engine_(engine), port_(port), defaults_(defaults), acceptor_(std::make_unique<Acceptor>(*this)) {
+    : keep_engine_(engine.shared_from_this()),
+      engine_(engine),
+      port_(port),
+      defaults_(defaults),
+      acceptor_(std::make_unique<Acceptor>(*this)) {
     defaults_.private_data = {};  // not kept: the application's buffer
     tcp_ = std::make_unique<stack::TcpListener>(engine.stack(), port, *acceptor_);
+    engine_.add_listener(this);  // last: nothing after it throws (but a vector growing: then tcp_ goes)
 }
 
 Listener::~Listener() {
+    engine_.remove_listener(this);
     tcp_.reset();
     engine_.forget_listener(handle_);
 }
@@ -595,12 +623,13 @@ CmListener::~CmListener() = default;
 std::uint16_t CmListener::port() const noexcept { return impl_->port(); }
 
 std::unique_ptr<CmListener> Context::listen(std::uint16_t port, const ConnParam& defaults) {
+    impl_->check_open("listen");
     return std::make_unique<CmListener>(std::make_unique<detail::Listener>(*impl_, port, defaults));
 }
 
 std::unique_ptr<CmId> Context::connect(stack::Ipv4 addr, std::uint16_t port, QueuePair& qp, const ConnParam& param) {
     if (!qp.impl().connectable()) throw Error("connect: the QP must be in INIT, unconnected");
-    if (&qp.pd().context() != this) throw Error("connect: the QP belongs to another Context");
+    if (&qp.impl().engine() != impl_.get()) throw Error("connect: the QP belongs to another Context");
     if (param.mpa_revision != 1 && param.mpa_revision != 2) throw Error("connect: MPA revision must be 1 or 2");
     if (param.peer_to_peer && param.mpa_revision != 2) throw Error("connect: peer-to-peer mode needs MPA revision 2");
     if (param.peer_to_peer && !param.rtr.write && !param.rtr.read && !param.rtr.send)

@@ -62,6 +62,10 @@ public:
     bool closed() const noexcept { return phase_ == Phase::closed; }
 
     // ---- the engine's interface ----
+    // The Context is closing (Engine::close): a connection still in use is reset and its QP flushed (no
+    // event); then, after the linger, drop_tcp() lets go of the TCP connection before the stack goes.
+    void close_for_context() noexcept;
+    void drop_tcp() noexcept;
     // Poll stage: negotiation time limits, the first-FPDU guard, a deferred TERMINATE, a drain, a pending close.
     void service(mpa::Clock::time_point now);
     // Done: closed, and the FIN (if any) handed to TCP. An orphan in this state is dropped.
@@ -96,6 +100,7 @@ private:
     void leave_pending() noexcept;
     void unbind_qp() noexcept;
 
+    std::shared_ptr<Engine> keep_engine_;  // first: goes last (the id may outlive the Context)
     Engine& engine_;
     CmId* handle_{nullptr};
     std::unique_ptr<TcpHandler> handler_;
@@ -143,9 +148,12 @@ public:
     void set_handle(CmListener* h) noexcept { handle_ = h; }
     std::uint16_t port() const noexcept { return port_; }
     const ConnParam& defaults() const noexcept { return defaults_; }
+    // The Context is closing: stop listening before the stack goes.
+    void close_for_context() noexcept { tcp_.reset(); }
 
 private:
     struct Acceptor;
+    std::shared_ptr<Engine> keep_engine_;
     Engine& engine_;
     CmListener* handle_{nullptr};
     std::uint16_t port_;

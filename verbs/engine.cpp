@@ -50,6 +50,7 @@ Engine::Engine(const ContextConfig& cfg) : cfg_(cfg), mem_(cfg.max_mr == 0 || cf
     // Sizing: a QP is listed at most once, but during a TX pass the QPs already taken off may list themselves
     // again behind the ones being served: 2 x max_qp, so push_back never allocates.
     tx_list_.reserve(2 * static_cast<std::size_t>(cfg.max_qp));
+    qps_.reserve(cfg.max_qp);
     conns_.reserve(cfg.max_qp);
     wake_efd_ = make_eventfd("Context::open");
     cm_efd_ = make_eventfd("Context::open");  // last: nothing after it throws
@@ -57,15 +58,43 @@ Engine::Engine(const ContextConfig& cfg) : cfg_(cfg), mem_(cfg.max_mr == 0 || cf
 }
 
 Engine::~Engine() {
+    close();
+    ::close(cm_efd_);
+    ::close(wake_efd_);
+}
+
+void Engine::close() noexcept {
+    if (closed_) return;
+    // Connections still in use are reset (their QPs flushed, in ERR); those already ending in order keep their
+    // FIN. No events: nobody reads them any more.
+    for (std::size_t i = 0; i < conns_.size(); ++i) conns_[i]->close_for_context();
     // Connections still closing (our FIN not yet acknowledged, the peer's not yet answered) need polling to
     // finish; a process that stops polling leaves its peer waiting. Bounded by close_linger.
     if (cfg_.close_linger.count() > 0)
         run_until([this] { return stack_->active_pcbs() == 0; }, cfg_.close_linger);
+    // From here nothing may reach lwIP or the port after they go: every TCP object is released now.
+    for (Listener* l : listeners_) l->close_for_context();
+    for (std::size_t i = 0; i < conns_.size(); ++i) conns_[i]->drop_tcp();
+    for (Qp* qp : qps_) qp->close_for_context();  // ERR, all flushed, the RX thread lets go of its receive half
     if (rx_) rx_->stop();  // then: nothing polls the port while the rest goes
-    events_.clear();  // connect requests nobody took: their ids abort their connections here
+    // Connect requests nobody took, and accepted connections before their request. Moved out first: their
+    // ids, going, call back into drop_events / release_orphan on these (now empty) lists.
+    std::deque<CmEvent> events = std::move(events_);
+    std::vector<std::unique_ptr<CmId>> orphans = std::move(orphans_);
+    events_.clear();
     orphans_.clear();
-    ::close(cm_efd_);
-    ::close(wake_efd_);
+    events.clear();
+    orphans.clear();
+    drain_fd(cm_efd_);
+    tx_list_.clear();
+    stack_.reset();
+    rx_.reset();
+    port_.reset();
+    closed_ = true;
+}
+
+void Engine::check_open(const char* what) const {
+    if (closed_) throw Error(std::string(what) + ": the Context is closed");
 }
 
 // ---- QPs ----------------------------------------------------------------------------------------------------
@@ -76,13 +105,16 @@ std::uint32_t Engine::add_qp() {
     return next_qpn_++;
 }
 
+void Engine::track_qp(Qp* qp) noexcept { qps_.push_back(qp); }  // capacity max_qp: reserved at open
+
 void Engine::remove_qp(Qp* qp) noexcept {
     if (qp != nullptr && qp->in_tx_list) std::replace(tx_list_.begin(), tx_list_.end(), qp, static_cast<Qp*>(nullptr));
+    if (qp != nullptr) std::erase(qps_, qp);
     --qp_count_;
 }
 
 void Engine::schedule_tx(Qp* qp) noexcept {
-    if (qp->in_tx_list) return;
+    if (qp->in_tx_list || closed_) return;
     qp->in_tx_list = true;
     tx_list_.push_back(qp);  // capacity reserved at open (see the constructor)
 }
@@ -229,6 +261,10 @@ void Engine::add_conn(Conn* c) { conns_.push_back(c); }
 
 void Engine::remove_conn(Conn* c) noexcept { std::erase(conns_, c); }
 
+void Engine::add_listener(Listener* l) { listeners_.push_back(l); }
+
+void Engine::remove_listener(Listener* l) noexcept { std::erase(listeners_, l); }
+
 void Engine::adopt(std::unique_ptr<CmId> orphan) { orphans_.push_back(std::move(orphan)); }
 
 std::unique_ptr<CmId> Engine::release_orphan(const Conn* c) {
@@ -241,6 +277,7 @@ std::unique_ptr<CmId> Engine::release_orphan(const Conn* c) {
 }
 
 void Engine::push_event(CmEvent ev) {
+    if (closed_) return;  // nobody reads them any more (and a request's id must not hold the engine)
     events_.push_back(std::move(ev));
     signal_fd(cm_efd_);
 }
@@ -416,7 +453,7 @@ Context::Context(const ContextConfig& cfg) {
     CPU_ZERO(&affinity);
     const bool saved = pthread_getaffinity_np(pthread_self(), sizeof affinity, &affinity) == 0;
     try {
-        impl_ = std::make_unique<detail::Engine>(cfg);
+        impl_ = std::make_shared<detail::Engine>(cfg);
     } catch (...) {
         if (saved) pthread_setaffinity_np(pthread_self(), sizeof affinity, &affinity);
         g_context = io::eal_started() ? kContextClosed : kNoContext;
@@ -425,12 +462,13 @@ Context::Context(const ContextConfig& cfg) {
 }
 
 Context::~Context() {
+    impl_->close();  // what the application still holds keeps the engine (closed) alive: see engine.hpp
     impl_.reset();
     g_context = kContextClosed;
 }
 
 std::unique_ptr<ProtectionDomain> Context::alloc_pd() {
-    return std::make_unique<ProtectionDomain>(*this, impl_->new_pd_handle());
+    return std::make_unique<ProtectionDomain>(impl_, impl_->new_pd_handle());
 }
 
 std::unique_ptr<CompletionQueue> Context::create_cq(std::uint32_t cqe) {

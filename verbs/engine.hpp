@@ -2,6 +2,13 @@
 // detail::Engine: what a verbs::Context is (internal to verbs). It owns the packet path (io port, lwIP stack, the
 // RX thread when configured), the MR table, the QPs with TX work, the CM's ids and events, and runs the polling
 // turn. The other internals talk to it through the methods below; applications only through Context.
+//
+// Lifetime: shared. The Context holds it, and so does every object made from it that touches it when it goes
+// (PDs, MRs, SRQs, QPs, CM ids and listeners): the application may destroy them in any order. Destroying the
+// Context close()s the engine: connections still in use are reset (those already ending get their FIN within
+// close_linger), every QP goes to ERR with its work flushed, listeners stop, and the packet path (port, stack,
+// RX thread) is released. What the application still holds then stays safe to use and to destroy: posts
+// complete with flush errors, control calls that need the network throw Error ("the Context is closed").
 #pragma once
 
 #include <array>
@@ -32,7 +39,7 @@ class Qp;
 class Conn;
 class Listener;
 
-class Engine {
+class Engine : public std::enable_shared_from_this<Engine> {
 public:
     explicit Engine(const ContextConfig& cfg);
     ~Engine();
@@ -48,13 +55,20 @@ public:
     // The RX thread (nullptr when running to completion).
     threading::RxThread* rx_thread() noexcept { return rx_.get(); }
 
+    // Ends everything that needs the packet path, then releases it (see Lifetime above). Idempotent.
+    void close() noexcept;
+    bool closed() const noexcept { return closed_; }
+    // Throws Error("<what>: the Context is closed") once closed.
+    void check_open(const char* what) const;
+
     unsigned poll() noexcept;
     bool run_until(const std::function<bool()>& done, std::chrono::milliseconds timeout);
 
     // ---- QPs ----
     std::uint32_t new_pd_handle() noexcept { return next_pd_++; }
-    // A QP number and a place among max_qp; throws Error when full.
+    // A QP number and a place among max_qp; throws Error when full. The QP lists itself once built (track_qp).
     std::uint32_t add_qp();
+    void track_qp(Qp* qp) noexcept;
     void remove_qp(Qp* qp) noexcept;
     // TX work: the QP's pump runs in the next poll turn (once, however often it is asked).
     void schedule_tx(Qp* qp) noexcept;
@@ -75,6 +89,8 @@ public:
     // ---- CM ----
     void add_conn(Conn* c);  // live connections: their timers run in the poll stage
     void remove_conn(Conn* c) noexcept;
+    void add_listener(Listener* l);  // listening: stopped by close()
+    void remove_listener(Listener* l) noexcept;
     void adopt(std::unique_ptr<CmId> orphan);  // an accepted connection before its connect_request
     std::unique_ptr<CmId> release_orphan(const Conn* c);  // nullptr if not an orphan
     void push_event(CmEvent ev);
@@ -127,6 +143,9 @@ private:
     std::uint32_t next_pd_{1};
     std::uint32_t next_qpn_{1};
     std::uint32_t qp_count_{0};
+    std::vector<Qp*> qps_;               // every QP (close() takes them to ERR); capacity max_qp, reserved at open
+    std::vector<Listener*> listeners_;   // control path
+    bool closed_{false};
     std::vector<Qp*> tx_list_;           // QPs with TX work; capacity 2 x max_qp, reserved at open
     std::vector<Conn*> conns_;           // live connections (timers); control path
     std::deque<CmEvent> events_;         // control path

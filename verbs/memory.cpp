@@ -55,6 +55,7 @@ void MemoryTable::release(std::uint32_t index, const std::function<void()>& quie
     e.valid.store(false, relaxed);
     e.in_use.store(false, relaxed);
     e.tag.store(0, relaxed);
+    e.gen.fetch_add(1, relaxed);  // every lease of this registration is dead from here (quiesce publishes it)
     // The RX thread may be placing into this region right now (a check passed just before): wait until it has
     // finished that turn, so the memory is not written after the application frees it.
     if (quiesce) quiesce();
@@ -110,31 +111,45 @@ rdmap::Mem MemoryTable::lookup(std::uint32_t stag, std::uint64_t to, std::size_t
     return {b + (to - base), len, MemError::none};
 }
 
+rdmap::Mem MemoryTable::lookup_local(std::uint32_t stag, std::uint64_t to, std::size_t len, std::uint32_t pd,
+                                     std::uint32_t need, Lease& lease) const noexcept {
+    const rdmap::Mem m = lookup(stag, to, len, pd, need);
+    if (m.err == rdmap::MemError::none) {
+        const std::uint32_t index = ((stag >> 8) & ((1u << slot_bits_) - 1)) - 1;  // lookup found the slot valid
+        lease = {index, entries_[index].gen.load(relaxed)};
+    }
+    return m;
+}
+
 }  // namespace softrdma::verbs::detail
 
 // ==== the handles =============================================================================================
 
 namespace softrdma::verbs {
 
-MemoryRegion::MemoryRegion(detail::Engine& engine, std::uint32_t index, std::uint32_t stag, std::span<std::byte> bytes,
-                           std::uint32_t access)
-    : engine_(engine), index_(index), stag_(stag), bytes_(bytes), access_(access) {}
+MemoryRegion::MemoryRegion(std::shared_ptr<detail::Engine> engine, std::uint32_t index, std::uint32_t stag,
+                           std::span<std::byte> bytes, std::uint32_t access)
+    : engine_(std::move(engine)), index_(index), stag_(stag), bytes_(bytes), access_(access) {}
 
 MemoryRegion::~MemoryRegion() {
-    threading::RxThread* rx = engine_.rx_thread();
-    engine_.memory().release(index_, [rx] {
+    // After release() nothing reads or writes these bytes: every lease of the registration is dead, and WRs
+    // still naming it fail at their next use (memory.hpp).
+    threading::RxThread* rx = engine_->rx_thread();
+    engine_->memory().release(index_, [rx] {
         if (rx != nullptr) rx->quiesce();
     });
 }
 
-void MemoryRegion::invalidate() noexcept { engine_.memory().set_valid(index_, false); }
+void MemoryRegion::invalidate() noexcept { engine_->memory().set_valid(index_, false); }
 
-bool MemoryRegion::valid() const noexcept { return engine_.memory().valid(index_); }
+bool MemoryRegion::valid() const noexcept { return engine_->memory().valid(index_); }
 
 std::uint32_t MemoryRegion::rekey(std::uint8_t key) noexcept {
-    stag_ = engine_.memory().rekey(index_, key);
+    stag_ = engine_->memory().rekey(index_, key);
     return stag_;
 }
+
+ProtectionDomain::~ProtectionDomain() = default;
 
 std::unique_ptr<MemoryRegion> ProtectionDomain::reg_mr(std::span<std::byte> bytes, std::uint32_t access_flags) {
     // RFC 5040: remote write/atomic need local write too (as ibv_reg_mr refuses remote write without it).
@@ -143,9 +158,14 @@ std::unique_ptr<MemoryRegion> ProtectionDomain::reg_mr(std::span<std::byte> byte
     constexpr std::uint32_t remote = access::remote_write | access::remote_read | access::remote_atomic;
     if ((access_flags & access::remote_invalidate) != 0 && (access_flags & remote) == 0)
         throw Error("reg_mr: remote_invalidate needs a remote access right");
-    detail::Engine& e = ctx_.impl();
-    const detail::MemoryTable::Registration r = e.memory().add(bytes, handle_, access_flags);
-    return std::make_unique<MemoryRegion>(e, r.index, r.stag, bytes, access_flags);
+    engine_->check_open("reg_mr");
+    const detail::MemoryTable::Registration r = engine_->memory().add(bytes, handle_, access_flags);
+    try {
+        return std::make_unique<MemoryRegion>(engine_, r.index, r.stag, bytes, access_flags);
+    } catch (...) {
+        engine_->memory().release(r.index, {});
+        throw;
+    }
 }
 
 }  // namespace softrdma::verbs

@@ -7,6 +7,11 @@
 // Invalidate clears `valid` there: every field is an atomic (relaxed; plain loads on x86). An entry is reused
 // only after the RX thread has quiesced (release()), so a check never mixes two registrations' fields in a way
 // that lets a write land outside either region.
+// Registrations in use: a local SGE is checked when its WR is posted, and its bytes are read or written later
+// (the send queue gathers FPDU by FPDU, a receive or READ sink is placed into when the data arrives). Each such
+// SGE keeps a Lease (slot + generation): release() moves the slot's generation on, and every later use asks
+// alive() first, so a region deregistered while a WR still names it fails that WR (local protection error)
+// instead of reading or writing memory the application may have freed.
 // Memory: max_mr entries allocated at construction; registration and release are control-path calls.
 #pragma once
 
@@ -24,10 +29,18 @@
 
 namespace softrdma::verbs::detail {
 
-// A posted receive, checked at post time (local_write, PD, bounds): its SGEs as spans.
+// A registration's identity for the life of one registration (see alive()).
+struct Lease {
+    std::uint32_t index{0};
+    std::uint32_t gen{0};
+};
+
+// A posted receive, checked at post time (local_write, PD, bounds): its SGEs as spans, each with the lease of
+// its region (checked again at every placement).
 struct RecvSlot {
     std::uint64_t wr_id{0};
     std::array<std::span<std::byte>, kMaxSge> sge{};
+    std::array<Lease, kMaxSge> lease{};
     std::uint8_t nsge{0};
     std::uint32_t total{0};
     bool bound{false};
@@ -56,6 +69,17 @@ public:
     // The check: `len` bytes at `to` under `stag`, for protection domain `pd`, with the rights `need` (0 = read
     // only, for local SGEs without local_write). Data path: no allocation, no lock.
     rdmap::Mem lookup(std::uint32_t stag, std::uint64_t to, std::size_t len, std::uint32_t pd, std::uint32_t need) const noexcept;
+    // A local lookup that also returns the region's lease (for SGEs used after posting).
+    rdmap::Mem lookup_local(std::uint32_t stag, std::uint64_t to, std::size_t len, std::uint32_t pd, std::uint32_t need,
+                            Lease& lease) const noexcept;
+    // The registration a lease names is still the one in its slot (not released since). Data path: one load.
+    bool alive(const Lease& l) const noexcept { return entries_[l.index].gen.load(std::memory_order_relaxed) == l.gen; }
+    template <std::size_t N>
+    bool alive(const std::array<Lease, N>& l, std::size_t n) const noexcept {
+        for (std::size_t i = 0; i < n; ++i)
+            if (!alive(l[i])) return false;
+        return true;
+    }
     // SEND with Invalidate: the STag must be valid, keyed, of `pd` and registered with access::remote_invalidate.
     rdmap::MemError invalidate(std::uint32_t stag, std::uint32_t pd) noexcept;
 
@@ -69,6 +93,7 @@ private:
         std::atomic<std::uint8_t> key{0};
         std::atomic<bool> in_use{false};
         std::atomic<bool> valid{false};
+        std::atomic<std::uint32_t> gen{0};  // moves on at every release (Lease)
     };
     Entry* entry(std::uint32_t stag) const noexcept;
 

@@ -25,11 +25,12 @@ constexpr std::uint64_t kRtrWrId = ~std::uint64_t{0};  // the RTR's and nudges' 
 
 }  // namespace
 
-Qp::Qp(Engine& engine, ProtectionDomain& pd, const QpInitAttr& attr, std::uint32_t qp_num)
-    : keep_send_cq_(attr.send_cq->shared_impl()),
+Qp::Qp(const std::shared_ptr<Engine>& engine, std::uint32_t pd, const QpInitAttr& attr, std::uint32_t qp_num)
+    : keep_engine_(engine),
+      keep_send_cq_(attr.send_cq->shared_impl()),
       keep_recv_cq_(attr.recv_cq->shared_impl()),
       keep_srq_(attr.srq != nullptr ? attr.srq->shared_impl() : nullptr),
-      engine_(engine),
+      engine_(*engine),
       pd_(pd),
       send_cq_(attr.send_cq->impl()),
       recv_cq_(attr.recv_cq->impl()),
@@ -40,12 +41,13 @@ Qp::Qp(Engine& engine, ProtectionDomain& pd, const QpInitAttr& attr, std::uint32
       sq_(attr.cap.max_send_wr),
       inline_buf_(static_cast<std::size_t>(attr.cap.max_send_wr) * attr.cap.max_inline_data),
       recv_(attr.srq != nullptr ? 0 : attr.cap.max_recv_wr, srq_),
-      rx_(std::make_unique<RxHalf>(engine.memory(), pd.handle(), qp_num, recv_, attr.cap.max_send_wr)) {
+      rx_(std::make_unique<RxHalf>(engine->memory(), pd, qp_num, recv_, attr.cap.max_send_wr)) {
     for (std::uint32_t i = 0; i < sq_.size(); ++i) sq_[i].next_free = i + 1 < sq_.size() ? i + 1 : kNoSlot;
     sq_free_ = 0;
     if (engine_.rx_thread() != nullptr)
         ring_ = std::make_unique<RxEventRing>(srq_ != nullptr ? srq_->max_wr() : cap_.max_recv_wr, cap_.max_send_wr);
     state_ = QpState::init;  // as rdma_create_qp: ready for post_recv before the connection
+    engine_.track_qp(this);  // last: nothing after it throws
 }
 
 Qp::~Qp() {
@@ -61,9 +63,9 @@ Qp::~Qp() {
 
 // ==== posting ================================================================================================
 
-PostErrc Qp::check_sge(const Sge& s, bool need_write, std::span<std::byte>& out) const noexcept {
-    const rdmap::Mem m =
-        engine_.memory().lookup(s.lkey, s.addr, s.length, pd_.handle(), need_write ? access::local_write : 0);
+PostErrc Qp::check_sge(const Sge& s, bool need_write, std::span<std::byte>& out, Lease& lease) const noexcept {
+    const rdmap::Mem m = engine_.memory().lookup_local(s.lkey, s.addr, s.length, pd_,
+                                                       need_write ? access::local_write : 0, lease);
     if (m.err != rdmap::MemError::none) return PostErrc::bad_lkey;
     out = {m.ptr, s.length};
     return PostErrc::none;
@@ -133,6 +135,7 @@ PostResult<SendWr> Qp::post_send_inner(std::span<const SendWr> wrs) noexcept {
         s.opcode = wc_op;
         s.signaled = signaled;
         s.sink.n = 0;
+        s.nsrc = 0;
         s.byte_len = 0;
 
         rdmap::WorkRequest w{};
@@ -171,7 +174,8 @@ PostResult<SendWr> Qp::post_send_inner(std::span<const SendWr> wrs) noexcept {
             } else {
                 for (const Sge& g : wr.sg_list) {
                     std::span<std::byte> b;
-                    if (const PostErrc e = check_sge(g, false, b); e != PostErrc::none) return refuse(e);
+                    if (const PostErrc e = check_sge(g, false, b, s.src[s.nsrc]); e != PostErrc::none) return refuse(e);
+                    ++s.nsrc;
                     w.sgl[w.num_sge++] = b;
                     total += g.length;
                 }
@@ -182,7 +186,8 @@ PostResult<SendWr> Qp::post_send_inner(std::span<const SendWr> wrs) noexcept {
         case WrOpcode::rdma_read: {
             w.op = rdmap::WrOp::read;
             for (const Sge& g : wr.sg_list) {
-                if (const PostErrc e = check_sge(g, true, s.sink.sge[s.sink.n]); e != PostErrc::none) return refuse(e);
+                if (const PostErrc e = check_sge(g, true, s.sink.sge[s.sink.n], s.sink.lease[s.sink.n]); e != PostErrc::none)
+                    return refuse(e);
                 ++s.sink.n;
                 total += g.length;
             }
@@ -197,7 +202,8 @@ PostResult<SendWr> Qp::post_send_inner(std::span<const SendWr> wrs) noexcept {
         case WrOpcode::atomic_fetch_and_add:
         case WrOpcode::atomic_cmp_and_swp: {
             if (wr.sg_list.size() != 1 || wr.sg_list[0].length != 8) return refuse(PostErrc::bad_length);
-            if (const PostErrc e = check_sge(wr.sg_list[0], true, s.sink.sge[0]); e != PostErrc::none) return refuse(e);
+            if (const PostErrc e = check_sge(wr.sg_list[0], true, s.sink.sge[0], s.sink.lease[0]); e != PostErrc::none)
+                return refuse(e);
             s.sink.n = 1;
             total = 8;
             const bool fa = wr.opcode == WrOpcode::atomic_fetch_and_add;
@@ -245,7 +251,7 @@ PostResult<RecvWr> Qp::post_recv_inner(std::span<const RecvWr> wrs) noexcept {
         RecvSlot r{};
         std::uint64_t total = 0;
         for (const Sge& g : wr.sg_list) {
-            if (check_sge(g, true, r.sge[r.nsge]) != PostErrc::none) return {PostErrc::bad_lkey, &wr};
+            if (check_sge(g, true, r.sge[r.nsge], r.lease[r.nsge]) != PostErrc::none) return {PostErrc::bad_lkey, &wr};
             ++r.nsge;
             total += g.length;
         }
@@ -291,14 +297,26 @@ rdmap::Mem Qp::tagged(std::uint32_t stag, std::uint64_t to, std::size_t len, rdm
     // Asked by the tx endpoint only for READ-response sources (Access::remote_read): looked up again when the
     // response is framed, the region may have gone since the request was checked.
     if (acc != rdmap::Access::remote_read) return {.err = rdmap::MemError::access};
-    return engine_.memory().lookup(stag, to, len, pd_.handle(), access::remote_read);
+    return engine_.memory().lookup(stag, to, len, pd_, access::remote_read);
+}
+
+bool Qp::source_alive(std::uint64_t wr_id) {
+    if (wr_id >= sq_.size()) return true;  // the RTR, a nudge: no memory
+    const SqSlot& s = sq_[wr_id];
+    if (engine_.memory().alive(s.src, s.nsrc)) return true;
+    lost_slot_ = wr_id;  // the endpoint now ends the stream and flushes this WR: it completes loc_prot_err
+    return false;
 }
 
 void Qp::on_completion(const rdmap::Completion& c) {
     // Send-side WRs: SEND/WRITE when framed, any flushed; READ/atomic completions come from the receive half.
     if (c.wr_id == kRtrWrId || c.wr_id >= sq_.size()) return;  // the RTR, a nudge: internal
-    complete_send(static_cast<std::uint32_t>(c.wr_id),
-                  c.status == rdmap::WcStatus::success ? WcStatus::success : WcStatus::wr_flush_err);
+    WcStatus st = c.status == rdmap::WcStatus::success ? WcStatus::success : WcStatus::wr_flush_err;
+    if (c.wr_id == lost_slot_) {
+        st = WcStatus::loc_prot_err;
+        lost_slot_ = ~std::uint64_t{0};
+    }
+    complete_send(static_cast<std::uint32_t>(c.wr_id), st);
 }
 
 void Qp::on_terminate(const rdmap::TermReport& t) {
@@ -320,7 +338,7 @@ void Qp::apply(const RxEvent& e) noexcept {
     case RxEvent::Kind::recv: recv_cq_.push(e.wc); break;
     case RxEvent::Kind::request_done:
         if (tx_.started()) tx_.ep().request_done();  // an ORD credit back
-        if (e.slot < sq_.size()) complete_send(static_cast<std::uint32_t>(e.slot), e.ok ? WcStatus::success : WcStatus::wr_flush_err);
+        if (e.slot < sq_.size()) complete_send(static_cast<std::uint32_t>(e.slot), e.status);
         if (tx_.started() && tx_.ep().tx_ready()) schedule_tx();
         break;
     case RxEvent::Kind::inbound:
@@ -365,7 +383,8 @@ void Qp::note_rx_start() noexcept {
 // after detach_rx() gave the receive half back to this thread.
 void Qp::flush_rq() noexcept {
     if (recv_.has) {  // with an SRQ: the WR this QP took; the SRQ's own WRs stay for the other QPs
-        recv_cq_.push(WorkCompletion{.wr_id = recv_.bound.wr_id, .status = WcStatus::wr_flush_err,
+        recv_cq_.push(WorkCompletion{.wr_id = recv_.bound.wr_id,
+                                     .status = recv_.gone ? WcStatus::loc_prot_err : WcStatus::wr_flush_err,
                                      .opcode = WcOpcode::recv, .qp_num = qp_num_});
         recv_.has = false;
     }
@@ -380,6 +399,12 @@ void Qp::enter_error() noexcept {
     detach_rx();
     flush_rq();     // the endpoints flush their send side themselves
     schedule_tx();  // the TERMINATE goes out, then the connection closes (tx_pump)
+}
+
+void Qp::close_for_context() noexcept {
+    if (state_ != QpState::err) end_stream();  // flushes everything, lets go of the RX thread
+    else detach_rx();
+    tcp_ = nullptr;
 }
 
 void Qp::end_stream() noexcept {
@@ -637,7 +662,7 @@ QpState QueuePair::state() const noexcept { return impl_->state(); }
 std::uint32_t QueuePair::qp_num() const noexcept { return impl_->qp_num(); }
 const std::optional<TerminateInfo>& QueuePair::terminate_info() const noexcept { return impl_->terminate_info(); }
 const QpCap& QueuePair::cap() const noexcept { return impl_->cap(); }
-ProtectionDomain& QueuePair::pd() noexcept { return impl_->pd(); }
+std::uint32_t QueuePair::pd_handle() const noexcept { return impl_->pd(); }
 
 std::unique_ptr<QueuePair> ProtectionDomain::create_qp(const QpInitAttr& attr) {
     if (attr.send_cq == nullptr || attr.recv_cq == nullptr) throw Error("create_qp: send_cq and recv_cq needed");
@@ -647,10 +672,11 @@ std::unique_ptr<QueuePair> ProtectionDomain::create_qp(const QpInitAttr& attr) {
     if (attr.cap.max_send_sge > kMaxSge || attr.cap.max_recv_sge > kMaxSge)
         throw Error("create_qp: at most kMaxSge (8) SGEs");
     if (attr.srq != nullptr && attr.srq->impl().pd() != handle_) throw Error("create_qp: the SRQ belongs to another PD");
-    detail::Engine& e = ctx_.impl();
+    engine_->check_open("create_qp");
+    detail::Engine& e = *engine_;
     const std::uint32_t qpn = e.add_qp();  // throws when max_qp is reached
     try {
-        return std::make_unique<QueuePair>(std::make_unique<detail::Qp>(e, *this, attr, qpn));
+        return std::make_unique<QueuePair>(std::make_unique<detail::Qp>(engine_, handle_, attr, qpn));
     } catch (...) {
         e.remove_qp(nullptr);
         throw;

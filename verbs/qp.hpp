@@ -34,7 +34,7 @@ class Srq;
 
 class Qp final : private rdmap::Upper, private RxEventSink {
 public:
-    Qp(Engine& engine, ProtectionDomain& pd, const QpInitAttr& attr, std::uint32_t qp_num);
+    Qp(const std::shared_ptr<Engine>& engine, std::uint32_t pd, const QpInitAttr& attr, std::uint32_t qp_num);
     ~Qp() override;
     Qp(const Qp&) = delete;
     Qp& operator=(const Qp&) = delete;
@@ -47,7 +47,8 @@ public:
     std::uint32_t qp_num() const noexcept { return qp_num_; }
     const std::optional<TerminateInfo>& terminate_info() const noexcept { return term_; }
     const QpCap& cap() const noexcept { return cap_; }
-    ProtectionDomain& pd() noexcept { return pd_; }
+    std::uint32_t pd() const noexcept { return pd_; }
+    Engine& engine() noexcept { return engine_; }
 
     // ---- the connection manager's interface ----
     // Connecting: INIT and no connection yet.
@@ -89,6 +90,8 @@ public:
     std::uint64_t tx_written_when_peer_spoke() const noexcept { return tx_at_rx_start_; }
 
     // ---- the engine's interface ----
+    // The Context is closing: ERR with everything flushed, the RX thread's hold released, no TCP any more.
+    void close_for_context() noexcept;
     // TX: moves whole FPDUs to TCP while TCP takes them (from the poll turn's TX stage).
     void tx_pump() noexcept;
     bool in_tx_list{false};
@@ -118,6 +121,7 @@ private:
     rdmap::MemError recv_begin(std::uint32_t) override { return rdmap::MemError::no_receive; }  // tx: never asked
     rdmap::Mem recv_place(std::uint32_t, std::uint32_t, std::size_t) override { return {.err = rdmap::MemError::bounds}; }
     rdmap::MemError invalidate(std::uint32_t) override { return rdmap::MemError::invalid_stag; }
+    bool source_alive(std::uint64_t wr_id) override;
     void on_completion(const rdmap::Completion& c) override;
     void on_terminate(const rdmap::TermReport& t) override;
     void on_request_sent(const rdmap::OrqEntry& e) override;
@@ -135,7 +139,7 @@ private:
     std::uint32_t alloc_slot() noexcept;
     void free_slot(std::uint32_t slot) noexcept;
     void complete_send(std::uint32_t slot, WcStatus st) noexcept;
-    PostErrc check_sge(const Sge& s, bool need_write, std::span<std::byte>& out) const noexcept;
+    PostErrc check_sge(const Sge& s, bool need_write, std::span<std::byte>& out, Lease& lease) const noexcept;
     PostResult<SendWr> post_send_inner(std::span<const SendWr> wrs) noexcept;
     PostResult<RecvWr> post_recv_inner(std::span<const RecvWr> wrs) noexcept;
 
@@ -146,16 +150,19 @@ private:
         bool signaled{false};
         std::uint32_t byte_len{0};
         SinkList sink{};  // READ sink list / atomic result (the receive half gets a copy with the request)
+        std::array<Lease, kMaxSge> src{};  // SEND/WRITE: the leases of the SGEs' regions (source_alive)
+        std::uint8_t nsrc{0};
         std::uint32_t next_free{0};
     };
 
-    // The CQs and the SRQ this QP uses, held so that their handles may go first (declared first: they go last,
-    // after everything here that may still touch them).
+    // The engine, the CQs and the SRQ this QP uses, held so that their handles (and the Context) may go first
+    // (declared first: they go last, after everything here that may still touch them).
+    std::shared_ptr<Engine> keep_engine_;
     std::shared_ptr<Cq> keep_send_cq_;
     std::shared_ptr<Cq> keep_recv_cq_;
     std::shared_ptr<Srq> keep_srq_;
     Engine& engine_;
-    ProtectionDomain& pd_;
+    std::uint32_t pd_;
     Cq& send_cq_;
     Cq& recv_cq_;
     QpCap cap_;
@@ -172,6 +179,7 @@ private:
     std::vector<SqSlot> sq_;
     std::uint32_t sq_free_{0};
     std::uint32_t sq_used_{0};
+    std::uint64_t lost_slot_{~std::uint64_t{0}};  // the SEND/WRITE whose source was deregistered (loc_prot_err)
     std::vector<std::byte> inline_buf_;
     RecvQueue recv_;  // max_recv_wr slots (the SRQ's when shared)
 

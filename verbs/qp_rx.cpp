@@ -48,6 +48,7 @@ rdmap::MemError RecvQueue::begin(std::uint32_t msn, bool& srq_limit) noexcept {
     const bool got = srq != nullptr ? srq->take(bound, srq_limit) : ring.pop(bound);
     if (!got) return rdmap::MemError::no_receive;
     has = true;
+    gone = false;
     bound.bound = true;
     bound.msn = msn;
     return rdmap::MemError::none;
@@ -63,7 +64,9 @@ rdmap::Mem RecvQueue::place(std::uint32_t msn, std::uint32_t mo, std::size_t len
 
 WorkCompletion RecvQueue::complete(const rdmap::Completion& c, std::uint32_t qp_num) noexcept {
     WorkCompletion wc{.wr_id = bound.wr_id,
-                      .status = c.status == rdmap::WcStatus::success ? WcStatus::success : WcStatus::wr_flush_err,
+                      .status = c.status == rdmap::WcStatus::success ? WcStatus::success
+                                : gone                                    ? WcStatus::loc_prot_err
+                                                                          : WcStatus::wr_flush_err,
                       .opcode = c.imm_only ? WcOpcode::recv_rdma_with_imm : WcOpcode::recv,
                       .byte_len = c.byte_len,
                       .imm_data = c.imm,
@@ -127,6 +130,10 @@ rdmap::Mem RxHalf::tagged(std::uint32_t stag, std::uint64_t to, std::size_t len,
     if (acc == rdmap::Access::local_write) {  // READ response into our READ WR's sink list (this side's copy)
         const std::uint32_t slot = read_sink_slot(stag, sinks_.size());
         if (slot == kNoSlot) return {.err = rdmap::MemError::invalid_stag};
+        if (!mem_.alive(sinks_[slot].lease, sinks_[slot].n)) {  // deregistered since the READ was posted
+            gone_slot_ = slot;
+            return {.err = rdmap::MemError::local_gone};
+        }
         return scatter_piece(sinks_[slot].spans(), to, len);
     }
     return mem_.lookup(stag, to, len, pd_, remote_right(acc));
@@ -139,7 +146,13 @@ rdmap::MemError RxHalf::recv_begin(std::uint32_t msn) {
     return e;
 }
 
-rdmap::Mem RxHalf::recv_place(std::uint32_t msn, std::uint32_t mo, std::size_t len) { return rq_.place(msn, mo, len); }
+rdmap::Mem RxHalf::recv_place(std::uint32_t msn, std::uint32_t mo, std::size_t len) {
+    if (const RecvSlot* rp = rq_.current(msn); rp != nullptr && !mem_.alive(rp->lease, rp->nsge)) {
+        rq_.gone = true;  // deregistered since the receive was posted
+        return {.err = rdmap::MemError::local_gone};
+    }
+    return rq_.place(msn, mo, len);
+}
 
 rdmap::MemError RxHalf::invalidate(std::uint32_t stag) { return mem_.invalidate(stag, pd_); }
 
@@ -149,12 +162,20 @@ void RxHalf::on_completion(const rdmap::Completion& c) {
         sink_->emit(RxEvent{.kind = RxEvent::Kind::recv, .wc = rq_.complete(c, qp_num_)});
         return;
     }
-    const bool ok = c.status == rdmap::WcStatus::success;
-    // The atomic's original value goes into the WR's 8-byte SGE here (host order, as the target word); the
-    // completion event orders it before the application sees the completion.
-    if (ok && c.kind == rdmap::WcKind::atomic && c.wr_id < sinks_.size() && sinks_[c.wr_id].n == 1)
-        std::memcpy(sinks_[c.wr_id].sge[0].data(), &c.atomic_original, 8);
-    sink_->emit(RxEvent{.kind = RxEvent::Kind::request_done, .slot = c.wr_id, .ok = ok});
+    WcStatus st = c.status == rdmap::WcStatus::success ? WcStatus::success
+                  : c.wr_id == gone_slot_                 ? WcStatus::loc_prot_err
+                                                          : WcStatus::wr_flush_err;
+    if (c.wr_id == gone_slot_) gone_slot_ = ~std::uint64_t{0};
+    // The atomic's original value goes into the WR's 8-byte SGE here (host order, as the target word), if that
+    // region is still registered (else the WR fails: loc_prot_err); the completion event orders it before the
+    // application sees the completion.
+    if (st == WcStatus::success && c.kind == rdmap::WcKind::atomic && c.wr_id < sinks_.size() && sinks_[c.wr_id].n == 1) {
+        if (mem_.alive(sinks_[c.wr_id].lease, 1))
+            std::memcpy(sinks_[c.wr_id].sge[0].data(), &c.atomic_original, 8);
+        else
+            st = WcStatus::loc_prot_err;
+    }
+    sink_->emit(RxEvent{.kind = RxEvent::Kind::request_done, .slot = c.wr_id, .status = st});
 }
 
 // The stream failed here, or the peer's TERMINATE arrived. The event goes out when the endpoint call returns

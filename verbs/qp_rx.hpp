@@ -55,6 +55,7 @@ struct RecvQueue {
     Srq* srq;
     RecvSlot bound{};
     bool has{false};
+    bool gone{false};  // the bound receive's memory was deregistered under it: it completes with loc_prot_err
     rdmap::MemError begin(std::uint32_t msn, bool& srq_limit) noexcept;
     rdmap::Mem place(std::uint32_t msn, std::uint32_t mo, std::size_t len) const noexcept;
     const RecvSlot* current(std::uint32_t msn) const noexcept;
@@ -62,10 +63,12 @@ struct RecvQueue {
 };
 
 // A READ's sink list (or an atomic's 8-byte result SGE). The memory is the application's, registered and
-// checked at post time; it must stay valid until the WR's completion (verbs rule), so the receive half may
-// place into it until it reports the request done.
+// checked at post time; the receive half places into it until it reports the request done, each time after
+// asking whether the regions' leases are still alive (a region deregistered before the response arrives
+// fails the WR with loc_prot_err instead of being written).
 struct SinkList {
     std::array<std::span<std::byte>, kMaxSge> sge{};
+    std::array<Lease, kMaxSge> lease{};
     std::uint8_t n{0};
     std::span<const std::span<std::byte>> spans() const { return std::span(sge).first(n); }
 };
@@ -82,7 +85,7 @@ struct RxEvent {
     Kind kind{Kind::recv};
     WorkCompletion wc{};          // recv
     std::uint64_t slot{0};        // request_done: the endpoint wr_id (send slot, or the RTR's)
-    bool ok{true};                // request_done: completed (else flushed)
+    WcStatus status{WcStatus::success};  // request_done: completed, flushed, or its sink deregistered (loc_prot_err)
     rdmap::IrqEntry irq{};        // inbound: answer it (tx half)
     TermCode code{};              // terminate
     std::uint32_t raw{0};         // terminate: the control word as on the wire
@@ -149,6 +152,7 @@ private:
     std::vector<SinkList> sinks_;              // by send slot: this side's copy of each outstanding request's sinks
     std::optional<mpa::Deframer<rdmap::Endpoint>> deframer_;
     std::optional<rdmap::Endpoint> ep_;
+    std::uint64_t gone_slot_{~std::uint64_t{0}};  // the request whose sink lost its registration (loc_prot_err)
     bool first_{true};  // the stream's first bytes are still to come (first_bytes event)
     RxEvent term_{};    // on_terminate's event, emitted when the endpoint call returns
     bool term_pending_{false};

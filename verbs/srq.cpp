@@ -6,8 +6,8 @@
 
 namespace softrdma::verbs::detail {
 
-Srq::Srq(MemoryTable& mem, std::uint32_t pd, const SrqInitAttr& attr)
-    : mem_(mem), pd_(pd), max_sge_(attr.max_sge), max_wr_(attr.max_wr), limit_(attr.srq_limit), ring_(attr.max_wr) {}
+Srq::Srq(std::shared_ptr<Engine> engine, std::uint32_t pd, const SrqInitAttr& attr)
+    : keep_engine_(std::move(engine)), mem_(keep_engine_->memory()), pd_(pd), max_sge_(attr.max_sge), max_wr_(attr.max_wr), limit_(attr.srq_limit), ring_(attr.max_wr) {}
 
 PostResult<RecvWr> Srq::post_recv(std::span<const RecvWr> wrs) noexcept {
     for (const RecvWr& wr : wrs) {
@@ -16,7 +16,7 @@ PostResult<RecvWr> Srq::post_recv(std::span<const RecvWr> wrs) noexcept {
         RecvSlot r{};
         std::uint64_t total = 0;
         for (const Sge& g : wr.sg_list) {
-            const rdmap::Mem m = mem_.lookup(g.lkey, g.addr, g.length, pd_, access::local_write);
+            const rdmap::Mem m = mem_.lookup_local(g.lkey, g.addr, g.length, pd_, access::local_write, r.lease[r.nsge]);
             if (m.err != rdmap::MemError::none) return {PostErrc::bad_lkey, &wr};
             r.sge[r.nsge++] = {m.ptr, g.length};
             total += g.length;
@@ -57,7 +57,8 @@ std::size_t SharedReceiveQueue::posted() const noexcept { return impl_->posted()
 std::unique_ptr<SharedReceiveQueue> ProtectionDomain::create_srq(const SrqInitAttr& attr) {
     if (attr.max_wr == 0) throw Error("create_srq: zero depth");
     if (attr.max_sge > kMaxSge) throw Error("create_srq: at most kMaxSge (8) SGEs");
-    return std::make_unique<SharedReceiveQueue>(std::make_shared<detail::Srq>(ctx_.impl().memory(), handle_, attr));
+    engine_->check_open("create_srq");
+    return std::make_unique<SharedReceiveQueue>(std::make_shared<detail::Srq>(engine_, handle_, attr));
 }
 
 }  // namespace softrdma::verbs

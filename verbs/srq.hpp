@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <span>
 
 #include <boost/lockfree/queue.hpp>
@@ -15,11 +16,12 @@
 
 namespace softrdma::verbs::detail {
 
+class Engine;
 class MemoryTable;
 
 class Srq {
 public:
-    Srq(MemoryTable& mem, std::uint32_t pd, const SrqInitAttr& attr);
+    Srq(std::shared_ptr<Engine> engine, std::uint32_t pd, const SrqInitAttr& attr);
     PostResult<RecvWr> post_recv(std::span<const RecvWr> wrs) noexcept;
     // The oldest WR; `limit_reached` true when this take crossed the armed limit (the caller queues the event).
     bool take(RecvSlot& out, bool& limit_reached) noexcept;
@@ -33,6 +35,7 @@ public:
     void set_handle(SharedReceiveQueue* h) noexcept { handle_ = h; }
 
 private:
+    std::shared_ptr<Engine> keep_engine_;  // its MR table
     MemoryTable& mem_;
     std::uint32_t pd_;
     std::uint32_t max_sge_;

@@ -19,10 +19,19 @@
 // Errors: control path (open, reg_mr, create_*, listen, connect) throws verbs::Error; data path (post_send,
 // post_recv, poll) returns values and never allocates, locks or logs. CM events are logged at debug level (<softrdma/log.hpp>).
 //
-// Lifetimes: a QP keeps its CQs and SRQ alive (destroying their handles first is safe: the QP's completions
-// still go into them, unread). Still the application's: every object a Context made (PDs, MRs, CQs, SRQs,
-// QPs, CM ids, listeners) must be destroyed before the Context, a PD after its QPs and MRs, and an MR only
-// after no posted WR uses it. Destroying a connected QP or CmId aborts the connection (RST).
+// Lifetimes: objects may be destroyed in any order; each handle keeps alive what it depends on.
+//   - A QP keeps its CQs and SRQ (their completions still go into them, unread), its PD's identity and the
+//     Context's internals. An MR, SRQ, PD, CM id or listener keeps the Context's internals.
+//   - Destroying the Context with objects still alive closes it first: connections still in use are reset
+//     (RST; those already ending get their FIN within ContextConfig::close_linger), every QP goes to ERR with
+//     its outstanding work flushed into its CQs, listeners stop, and the port and stack are released. The
+//     handles still held stay safe: posts complete with wr_flush_err, calls that need the network (reg_mr,
+//     create_qp, create_srq) throw Error("... the Context is closed"), and destroying them is always fine.
+//   - Deregistering an MR (destroying it) while posted WRs still name it fails those WRs instead of touching
+//     the memory again: a SEND or WRITE not yet fully sent, a posted receive, a READ's sink or an atomic's
+//     result buffer completes with loc_prot_err (and a message cut short ends the stream with a TERMINATE,
+//     local catastrophic error); from the moment the MR is gone softrdma neither reads nor writes its bytes.
+//   - Destroying a connected QP or CmId aborts the connection (RST).
 //
 // Every class here is a handle: its state lives in an internal object of verbs/ (detail::), which the other
 // parts of the library reach through impl(); applications never need it.
@@ -241,8 +250,9 @@ private:
 // is then refused. Tag 0 is never used, so STags below 256 (STag 1: the RTR's) name no region.
 class MemoryRegion {
 public:
-    MemoryRegion(detail::Engine& engine, std::uint32_t index, std::uint32_t stag, std::span<std::byte> bytes,
-                 std::uint32_t access);  // made by ProtectionDomain::reg_mr
+    MemoryRegion(std::shared_ptr<detail::Engine> engine, std::uint32_t index, std::uint32_t stag,
+                 std::span<std::byte> bytes, std::uint32_t access);  // made by ProtectionDomain::reg_mr
+    // Deregisters: WRs still using the region fail (loc_prot_err) and its bytes are no longer touched.
     ~MemoryRegion();
     MemoryRegion(const MemoryRegion&) = delete;
     MemoryRegion& operator=(const MemoryRegion&) = delete;
@@ -262,7 +272,7 @@ public:
     std::uint32_t rekey(std::uint8_t key) noexcept;
 
 private:
-    detail::Engine& engine_;
+    std::shared_ptr<detail::Engine> engine_;
     std::uint32_t index_;
     std::uint32_t stag_;
     std::span<std::byte> bytes_;
@@ -365,7 +375,8 @@ public:
     std::uint32_t qp_num() const noexcept;
     const std::optional<TerminateInfo>& terminate_info() const noexcept;
     const QpCap& cap() const noexcept;
-    ProtectionDomain& pd() noexcept;
+    // The protection domain's handle number (ProtectionDomain::handle()).
+    std::uint32_t pd_handle() const noexcept;
 
     detail::Qp& impl() noexcept { return *impl_; }
 
@@ -374,24 +385,27 @@ private:
 };
 
 // ---- protection domain -------------------------------------------------------------------------------------
+// A PD is a number its MRs, SRQs and QPs carry (never reused within a Context): destroying the handle first
+// leaves them working, in the same domain.
 class ProtectionDomain {
 public:
-    ProtectionDomain(Context& ctx, std::uint32_t handle) : ctx_(ctx), handle_(handle) {}  // made by Context::alloc_pd
-    ~ProtectionDomain() = default;
+    ProtectionDomain(std::shared_ptr<detail::Engine> engine, std::uint32_t handle)  // made by Context::alloc_pd
+        : engine_(std::move(engine)), handle_(handle) {}
+    ~ProtectionDomain();
     ProtectionDomain(const ProtectionDomain&) = delete;
     ProtectionDomain& operator=(const ProtectionDomain&) = delete;
 
-    // Registers caller memory (it must outlive the region). Throws Error when the MR table is full.
+    // Registers caller memory (it must outlive the region). Throws Error when the MR table is full or the
+    // Context is closed.
     std::unique_ptr<MemoryRegion> reg_mr(std::span<std::byte> bytes, std::uint32_t access_flags);
     // Throws Error on a bad attribute (no CQ, zero depth, more SGEs than kMaxSge, too many QPs).
     std::unique_ptr<QueuePair> create_qp(const QpInitAttr& attr);
     // Throws Error on zero depth or more SGEs than kMaxSge.
     std::unique_ptr<SharedReceiveQueue> create_srq(const SrqInitAttr& attr);
-    Context& context() noexcept { return ctx_; }
     std::uint32_t handle() const noexcept { return handle_; }
 
 private:
-    Context& ctx_;
+    std::shared_ptr<detail::Engine> engine_;
     std::uint32_t handle_;
 };
 
@@ -586,7 +600,8 @@ public:
 
     // ---- connection manager: events on their own channel, apart from CQs ----
     std::unique_ptr<CmListener> listen(std::uint16_t port, const ConnParam& defaults = {});
-    // Starts TCP connect + MPA negotiation; the QP (in init) must outlive the id or be destroyed first.
+    // Starts TCP connect + MPA negotiation for a QP in INIT. Either may be destroyed first (a QP destroyed while
+    // connected aborts the connection; an id destroyed first leaves the QP in ERR).
     std::unique_ptr<CmId> connect(Ipv4 addr, std::uint16_t port, QueuePair& qp, const ConnParam& param);
     // The oldest CM event, if any (does not poll).
     std::optional<CmEvent> get_cm_event();
@@ -620,7 +635,7 @@ public:
     const detail::Engine& impl() const noexcept { return *impl_; }
 
 private:
-    std::unique_ptr<detail::Engine> impl_;
+    std::shared_ptr<detail::Engine> impl_;
 };
 
 }  // namespace softrdma::verbs

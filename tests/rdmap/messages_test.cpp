@@ -190,6 +190,9 @@ TEST_CASE("memory errors map to the RFC codes in one table", "[rdmap]") {
     CHECK(term_code_for(MemError::wrong_pd, MemUse::rdma_source) == err::p_stag_not_assoc);
     CHECK(term_code_for(MemError::misaligned, MemUse::rdma_source) == err::p_base_bounds);
     CHECK(term_code_for(MemError::no_receive, MemUse::receive) == ddp::err::u_no_buffer);
+    // Our own buffer deregistered under a message (a READ sink, a posted receive): a local error, not the peer's.
+    CHECK(term_code_for(MemError::local_gone, MemUse::tagged_sink) == ddp::err::local_catastrophic);
+    CHECK(term_code_for(MemError::local_gone, MemUse::receive) == ddp::err::local_catastrophic);
     CHECK(term_code_for(MemError::bounds, MemUse::receive) == ddp::err::u_too_long);
     CHECK(term_code_for(MemError::access, MemUse::invalidate) == err::p_cannot_invalidate);
     CHECK(term_code_for(MemError::invalid_stag, MemUse::invalidate) == err::o_cannot_invalidate);
