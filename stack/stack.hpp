@@ -111,6 +111,9 @@ public:
 
     // Debug builds: aborts unless called on the owner thread.
     void assert_owner() const noexcept;
+    // The calling thread owns the stack from now (a caller that serializes threads itself, e.g. the drop-in
+    // libibverbs' lock, hands it over at each call).
+    void take_ownership() noexcept { owner_ = std::this_thread::get_id(); }
 
     // Connections that received data this turn get their ACK at the end of the turn (poll()), not after
     // lwIP's delayed-ACK tick: one ACK per connection per turn however many segments arrived.

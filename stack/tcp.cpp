@@ -285,14 +285,18 @@ TcpListener::TcpListener(Stack& stack, std::uint16_t port, Handler& handler) : s
     stack.assert_owner();
     tcp_pcb* pcb = tcp_new_ip_type(IPADDR_TYPE_V4);
     if (pcb == nullptr) throw std::runtime_error("lwIP: no free TCP pcb");
+    // Its accepted connections inherit the option: a new listener on this port may come while they live.
+    ip_set_option(pcb, SOF_REUSEADDR);
     if (tcp_bind(pcb, IP4_ADDR_ANY, port) != ERR_OK) {
         tcp_close(pcb);
         throw std::runtime_error("TCP port " + std::to_string(port) + " is already in use");
     }
-    pcb_ = tcp_listen_with_backlog(pcb, TCP_DEFAULT_LISTEN_BACKLOG);  // frees pcb, returns a listen pcb
+    err_t err = ERR_OK;
+    pcb_ = tcp_listen_with_backlog_and_err(pcb, TCP_DEFAULT_LISTEN_BACKLOG, &err);  // frees pcb, returns a listen pcb
     if (pcb_ == nullptr) {
         tcp_close(pcb);
-        throw std::runtime_error("lwIP: no free listen pcb (MEMP_NUM_TCP_PCB_LISTEN)");
+        throw std::runtime_error(err == ERR_USE ? "TCP port " + std::to_string(port) + " already has a listener"
+                                                : "lwIP: no free listen pcb (MEMP_NUM_TCP_PCB_LISTEN)");
     }
     tcp_arg(pcb_, this);
     tcp_accept(pcb_, &TcpListener::on_accept_cb);

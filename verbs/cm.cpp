@@ -137,6 +137,9 @@ Conn::Conn(Engine& engine, stack::Ipv4 addr, std::uint16_t port, QueuePair& qp, 
     rfc7306_ = param.rfc7306;
     guard_ = param.first_fpdu;
     phase_ = Phase::connecting;
+    addr_ = addr;
+    port_ = port;
+    retry_until_ = mpa::Clock::now() + param.connect_retry;
     tcp_ = stack::connect(engine_.stack(), addr, port, *handler_);  // throws when lwIP cannot start: nothing bound yet
     engine_.add_conn(this);
     qp_ = &qp.impl();
@@ -312,6 +315,11 @@ void Conn::on_tcp_remote_close() {
 void Conn::on_tcp_error(stack::TcpError e) {
     const std::string reason = std::string("TCP: ") + stack::to_string(e);
     const bool unreachable = e == stack::TcpError::refused || e == stack::TcpError::timed_out;
+    if (phase_ == Phase::connecting && e == stack::TcpError::refused && mpa::Clock::now() < retry_until_) {
+        retry_at_ = mpa::Clock::now() + std::chrono::milliseconds(20);  // connect again from the poll stage
+        engine_.cm_work();
+        return;
+    }
     switch (phase_) {
     case Phase::connecting: finish(unreachable ? CmEventType::unreachable : CmEventType::error, reason); break;
     case Phase::negotiating: finish(CmEventType::error, reason, /*quiet=*/!initiator_); break;
@@ -552,6 +560,21 @@ void Conn::service(mpa::Clock::time_point now) {
         deferred_term_.reset();
         guarding_ = false;
         if (phase_ == Phase::rdma && qp_ != nullptr) qp_->fail_stream(code);
+    }
+    if (retry_at_) {
+        if (phase_ != Phase::connecting) {
+            retry_at_.reset();
+        } else if (now >= *retry_at_) {
+            retry_at_.reset();
+            try {
+                tcp_ = stack::connect(engine_.stack(), addr_, port_, *handler_);
+            } catch (const std::exception& e) {
+                tcp_.reset();
+                finish(CmEventType::unreachable, std::string("TCP: ") + e.what());
+            }
+        } else {
+            engine_.cm_work();  // not yet: look again next turn
+        }
     }
     if (draining_ && (phase_ != Phase::rdma || qp_ == nullptr || qp_->tx_idle() || now >= drain_deadline_)) {
         draining_ = false;

@@ -134,6 +134,11 @@ private:
     unsigned nudges_sent_{0};
     unsigned nudge_step_{0};
     mpa::Clock::time_point hold_until_{};
+    // ConnParam::connect_retry: where to connect again, until when, and the next attempt (set when refused).
+    stack::Ipv4 addr_{};
+    std::uint16_t port_{0};
+    mpa::Clock::time_point retry_until_{};
+    std::optional<mpa::Clock::time_point> retry_at_;
     std::optional<TermCode> deferred_term_;  // rtr_before_terminate(): the TERMINATE, due at deferred_until_
     mpa::Clock::time_point deferred_until_{};
     std::optional<std::pair<CmEventType, std::string>> fail_event_;  // its event, given when it is out

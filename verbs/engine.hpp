@@ -62,6 +62,10 @@ public:
     void check_open(const char* what) const;
 
     unsigned poll() noexcept;
+    // The calling thread runs the engine from now (the drop-in libraries serialize threads with their lock).
+    void adopt_thread() noexcept {
+        if (stack_) stack_->take_ownership();
+    }
     bool run_until(const std::function<bool()>& done, std::chrono::milliseconds timeout);
 
     // ---- QPs ----

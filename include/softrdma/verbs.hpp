@@ -453,6 +453,10 @@ struct ConnParam {
     FirstFpduGuard first_fpdu{};
     // connect: how long to wait for the MPA reply (siw: 10 s); listen defaults: for the request (siw: 5 s).
     std::chrono::milliseconds mpa_timeout{0};  // 0 = those defaults
+    // connect: a TCP connect refused (nothing listens on the port yet: a server still starting, as when two
+    // processes start together) is tried again every 20 ms until this long after connect(); the QP stays in
+    // RTR and sees nothing of it. 0 = report it at once (unreachable).
+    std::chrono::milliseconds connect_retry{0};
 };
 
 enum class CmEventType : std::uint8_t {

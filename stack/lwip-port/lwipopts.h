@@ -80,6 +80,10 @@
 #define LWIP_TCP_SACK_OUT               0
 #define TCP_LISTEN_BACKLOG              0
 #define LWIP_TCP_KEEPALIVE              1
+/* SOF_REUSEADDR on listeners (TcpListener): listening again on a port whose earlier connections are still up,
+   as the kernel's iWARP listeners may (perftest's second rdma_cm connection on the same port). A second
+   listener on the same port is still refused (tcp_listen checks). */
+#define SO_REUSE                        1
 /* Timer tick: lwIP counts its TCP timeouts in ticks of this many ms (slow timer = 2 ticks). 250 ms (the
  * default) delays ACKs and retransmissions for far too long on a microsecond link; 10 ms keeps the
  * minimum RTO at tens of ms. TCP_MSL bounds TIME_WAIT (2*MSL): the stack purges it at shutdown. */
