@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# Stock Debian 12 verbs programs, unmodified, over softrdma's drop-in libibverbs/librdmacm (softrdma-run): two
+# processes over memif, each program's server and client. Checks what each prints (a device, verified
+# pings, results lines), both exit codes, and that a misconfigured launcher fails with one clear message.
+#   check_dropin.sh SOFTRDMA_RUN
+set -uo pipefail
+run=$1
+work=$(mktemp -d /tmp/softrdma-dropin.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+# Nothing of the caller's configuration leaks in.
+for v in $(env | grep -o '^SOFTRDMA_[A-Z_]*'); do unset "$v"; done
+fails=0
+pass() { echo "ok: $*"; }
+fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+
+# pair NAME "SERVER CMD" "CLIENT CMD": runs both over a fresh memif link (server first), 90 s at most.
+pair() {
+  local name=$1 scmd=$2 ccmd=$3 sock="$work/$1.sock"
+  # shellcheck disable=SC2086
+  timeout 90 "$run" --memif "$sock" --memif-role server --ip 198.18.0.1 --no-huge $scmd >"$work/$name.server" 2>&1 &
+  local spid=$!
+  sleep 0.5
+  # shellcheck disable=SC2086
+  timeout 90 "$run" --memif "$sock" --memif-role client --ip 198.18.0.2 --no-huge $ccmd >"$work/$name.client" 2>&1
+  crc=$?
+  wait $spid
+  src=$?
+  if [ $src -ne 0 ] || [ $crc -ne 0 ]; then
+    fail "$name: server exit $src, client exit $crc"
+    echo "--- server"; tail -15 "$work/$name.server"; echo "--- client"; tail -15 "$work/$name.client"
+    return 1
+  fi
+  return 0
+}
+
+if pair devinfo "ibv_devinfo -v" "ibv_devinfo"; then
+  f="$work/devinfo.client"
+  if grep -qP '^hca_id:\tsoftrdma0' "$f" && grep -qP 'transport:\t+iWARP' "$f" && grep -q PORT_ACTIVE "$f" &&
+     grep -qP 'link_layer:\t+Ethernet' "$f" && grep -qP 'max_sge:\t+8' "$work/devinfo.server"; then
+    pass "ibv_devinfo: softrdma0, iWARP, port active, Ethernet"
+  else fail "ibv_devinfo output"; cat "$f"; fi
+fi
+
+if pair rping "rping -s -a 198.18.0.1 -v -V -C 20" "rping -c -a 198.18.0.1 -v -V -C 20"; then
+  n=$(grep -c '^ping data: rdma-ping-' "$work/rping.client")
+  s=$(grep -c '^server ping data: rdma-ping-' "$work/rping.server")
+  if [ "$n" -eq 20 ] && [ "$s" -eq 20 ]; then pass "rping -V: 20 verified pings each way"
+  else fail "rping: $n client / $s server pings"; fi
+fi
+
+if pair ucmatose "ucmatose" "ucmatose -s 198.18.0.1"; then
+  if grep -q 'return status 0' "$work/ucmatose.client" && grep -q 'return status 0' "$work/ucmatose.server" &&
+     grep -q 'data transfers complete' "$work/ucmatose.client"; then pass "ucmatose: transfers complete, status 0"
+  else fail "ucmatose output"; fi
+fi
+
+# perftest over rdma_cm (-R): a results line under the header, a positive figure in it.
+for t in ib_send_lat ib_write_lat ib_read_lat ib_send_bw ib_write_bw ib_read_bw; do
+  case $t in *_lat) args="-R -n 200 -s 64" ;; *) args="-R -n 200 -s 65536" ;; esac
+  pair "$t" "$t $args" "$t $args 198.18.0.1" || continue
+  line=$(grep -A1 '#bytes' "$work/$t.client" | tail -1)
+  # lat: bytes iterations t_min ... t_typical (5th); bw: bytes iterations BW_peak BW_avg (4th)
+  fig=$(echo "$line" | awk -v t="$t" '{ print (t ~ /_lat$/) ? $5 : $4 }')
+  if awk -v f="$fig" 'BEGIN { exit !(f + 0 > 0) }' && [ "$(echo "$line" | awk '{print $2}')" = 200 ]; then
+    pass "$t -R: $line"
+  else fail "$t: no results line"; tail -5 "$work/$t.client"; fi
+done
+
+# Misconfiguration: one clear message and a non-zero exit.
+out=$("$run" ib_send_lat 2>&1); rc=$?
+if [ $rc -eq 2 ] && [ "$(echo "$out" | grep -c 'softrdma-run: no configuration')" -eq 1 ]; then pass "no configuration: exit 2, one message"
+else fail "no configuration: exit $rc: $out"; fi
+out=$("$run" --af-packet nosuch0 --ip 198.18.0.9 ib_send_lat 2>&1); rc=$?
+if [ $rc -eq 2 ] && echo "$out" | grep -q "no network interface 'nosuch0'"; then pass "bad device: exit 2, named"
+else fail "bad device: exit $rc: $out"; fi
+out=$(SOFTRDMA_LINK_TIMEOUT_MS=1000 timeout 30 "$run" --memif "$work/nobody.sock" --memif-role client --ip 198.18.0.2 --no-huge \
+      ib_send_lat -R 198.18.0.1 2>&1); rc=$?
+if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$(echo "$out" | grep -c 'softrdma: cannot open device softrdma0')" -eq 1 ] &&
+   echo "$out" | grep -q 'is the server process running on socket'; then pass "peer absent: exit $rc, one message naming the cause"
+else fail "peer absent: exit $rc: $out"; fi
+out=$(LD_LIBRARY_PATH="$(dirname "$run")" ibv_devinfo 2>&1); rc=$?
+if [ $rc -ne 0 ] && [ "$(echo "$out" | grep -c 'softrdma: not configured')" -eq 1 ]; then pass "library without configuration: no device, one message"
+else fail "library without configuration: exit $rc: $out"; fi
+
+echo "dropin: $fails failed"
+[ $fails -eq 0 ]

@@ -1,0 +1,65 @@
+// SPDX-License-Identifier: MIT
+// The objects behind the libibverbs structures the drop-in hands out (internal). Each embeds the public
+// structure first, so the pointer the application holds converts back; each owns the softrdma handle it
+// stands for. Created and destroyed under the runtime's lock. librdmacm reaches them through the functions
+// below (exported from libibverbs.so.1 under a private version node).
+#pragma once
+
+#include <infiniband/verbs.h>
+#include <rdma/rdma_cma.h>
+
+#include <memory>
+#include <vector>
+
+#include "verbs/dropin/runtime.hpp"
+#include <softrdma/verbs.hpp>
+
+namespace softrdma::dropin {
+
+struct Channel;
+
+struct Pd {
+    ibv_pd pd{};
+    std::unique_ptr<verbs::ProtectionDomain> h;
+};
+struct Mr {
+    ibv_mr mr{};
+    std::unique_ptr<verbs::MemoryRegion> h;
+};
+struct Cq {
+    ibv_cq cq{};
+    std::unique_ptr<verbs::CompletionQueue> h;
+    Channel* ch{nullptr};
+    bool armed{false};
+};
+struct Channel {
+    ibv_comp_channel ch{};
+    std::vector<Cq*> cqs;
+    bool readable{false};  // its fd holds a count (see ibverbs.cpp, refresh)
+    // Destroyed: fd closed; the struct is kept (a thread may still be on its way into ibv_get_cq_event).
+    bool destroyed{false};
+};
+struct Srq {
+    ibv_srq srq{};
+    std::unique_ptr<verbs::SharedReceiveQueue> h;
+};
+struct Qp {
+    ibv_qp qp{};
+    std::unique_ptr<verbs::QueuePair> h;
+    std::uint32_t max_inline{0};
+    // rdma_create_qp: the id whose `qp` names this QP (cleared when the QP goes, however it is destroyed).
+    rdma_cm_id* cm_id{nullptr};
+};
+
+inline Pd* of(ibv_pd* p) { return reinterpret_cast<Pd*>(p); }
+inline Cq* of(ibv_cq* p) { return reinterpret_cast<Cq*>(p); }
+inline Qp* of(ibv_qp* p) { return reinterpret_cast<Qp*>(p); }
+inline Srq* of(ibv_srq* p) { return reinterpret_cast<Srq*>(p); }
+
+// The one device context (opened on first use; nullptr with errno set when it cannot be).
+ibv_context* device_context();
+// A QP for `pd` (ibv_create_qp and rdma_create_qp). Under the lock. nullptr + errno on failure.
+Qp* make_qp(Guard& g, ibv_pd* pd, ibv_qp_init_attr* attr);
+void sync_qp_state(Qp* q) noexcept;  // qp.state from the softrdma QP
+
+}  // namespace softrdma::dropin

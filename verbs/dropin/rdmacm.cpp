@@ -1,0 +1,564 @@
+// SPDX-License-Identifier: MIT
+// The drop-in librdmacm.so.1: rdma_cm (Debian 12's <rdma/rdma_cma.h>, symbol versions as librdmacm.map) over
+// softrdma's connection manager. IPv4 and RDMA_PS_TCP (reliable connected) only. Address and route
+// resolution complete at once (the TCP connect resolves the peer's MAC); connect, accept, reject and
+// disconnect map one to one; the Context's CM events are sorted onto each id's event channel after every
+// engine turn, and rdma_get_cm_event polls the engine while it waits.
+#include <rdma/rdma_cma.h>
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <vector>
+
+#include "verbs/dropin/objects.hpp"
+
+namespace softrdma::dropin {
+namespace {
+
+struct Event {
+    rdma_cm_event ev{};
+    std::vector<std::byte> private_data;
+};
+
+// The fd is readable exactly while events are queued: written once when the queue stops being empty, read
+// (reset) when it empties again. The application may make it non-blocking (O_NONBLOCK: rdma_get_cm_event
+// then returns EAGAIN instead of waiting), so our own read never relies on it blocking or not.
+struct EvChannel {
+    rdma_event_channel ch{};
+    std::deque<Event*> queue;
+    bool readable{false};
+    // Destroyed: its fd closed, its events freed; the struct itself is kept (a few dozen bytes per channel
+    // ever made), because a thread may still be on its way into rdma_get_cm_event (see there).
+    bool destroyed{false};
+    void update() noexcept {
+        if (queue.empty() == !readable) return;
+        readable = !queue.empty();
+        std::uint64_t v = 1;
+        [[maybe_unused]] const auto r = readable ? ::write(ch.fd, &v, sizeof v) : ::read(ch.fd, &v, sizeof v);
+    }
+};
+
+struct Id {
+    rdma_cm_id id{};
+    std::unique_ptr<verbs::CmId> cm;
+    std::unique_ptr<verbs::CmListener> listener;
+    Ipv4 dst{};
+    std::uint16_t dst_port{0};
+    std::uint16_t src_port{0};
+};
+
+// Which id a softrdma CM handle belongs to (control path, under the lock).
+std::map<const verbs::CmId*, Id*> g_by_cm;
+std::map<const verbs::CmListener*, Id*> g_by_listener;
+
+EvChannel* chan(rdma_event_channel* c) { return reinterpret_cast<EvChannel*>(c); }
+Id* of_id(rdma_cm_id* i) { return reinterpret_cast<Id*>(i); }
+
+void queue_event(Id* id, rdma_cm_event_type type, int status, Id* listen = nullptr, const PrivateData* pd = nullptr,
+                 std::uint16_t ird = 0, std::uint16_t ord = 0) {
+    auto* e = new Event;
+    e->ev.id = &id->id;
+    e->ev.listen_id = listen != nullptr ? &listen->id : nullptr;
+    e->ev.event = type;
+    e->ev.status = status;
+    if (pd != nullptr && pd->size != 0) {
+        e->private_data.assign(pd->bytes.begin(), pd->bytes.begin() + pd->size);
+        e->ev.param.conn.private_data = e->private_data.data();
+        e->ev.param.conn.private_data_len = static_cast<std::uint8_t>(std::min<std::size_t>(pd->size, 255));
+    }
+    e->ev.param.conn.responder_resources = static_cast<std::uint8_t>(std::min<std::uint16_t>(ird, 255));
+    e->ev.param.conn.initiator_depth = static_cast<std::uint8_t>(std::min<std::uint16_t>(ord, 255));
+    EvChannel* c = chan(id->id.channel);
+    c->queue.push_back(e);
+    c->update();
+}
+
+void fill_addr(Id* id, Runtime& rt) {
+    sockaddr_in& s = id->id.route.addr.src_sin;
+    s.sin_family = AF_INET;
+    s.sin_addr.s_addr = rt.settings().context.ip.address.be;
+    s.sin_port = htons(id->src_port);
+    if (id->dst.be != 0) {
+        sockaddr_in& d = id->id.route.addr.dst_sin;
+        d.sin_family = AF_INET;
+        d.sin_addr.s_addr = id->dst.be;
+        d.sin_port = htons(id->dst_port);
+    }
+}
+
+// After every engine turn: the Context's CM events onto the channels of the ids they name.
+void after_turn() noexcept {
+    Runtime* rt = Runtime::get();
+    if (rt == nullptr) return;
+    while (auto ev = rt->ctx().get_cm_event()) {
+        try {
+            if (ev->type == verbs::CmEventType::connect_request) {
+                const auto l = g_by_listener.find(ev->listener);
+                if (l == g_by_listener.end() || !ev->request) continue;  // its listener went: the request is refused
+                Id* parent = l->second;
+                auto* child = new Id;
+                child->id.verbs = parent->id.verbs;
+                child->id.channel = parent->id.channel;
+                child->id.context = parent->id.context;
+                child->id.ps = parent->id.ps;
+                child->id.qp_type = IBV_QPT_RC;
+                child->id.port_num = 1;
+                child->cm = std::move(ev->request);
+                child->src_port = parent->src_port;
+                g_by_cm[child->cm.get()] = child;
+                fill_addr(child, *rt);
+                queue_event(child, RDMA_CM_EVENT_CONNECT_REQUEST, 0, parent, &ev->private_data, ev->ird, ev->ord);
+                continue;
+            }
+            const auto it = g_by_cm.find(ev->id);
+            if (it == g_by_cm.end()) continue;
+            Id* id = it->second;
+            if (id->id.qp != nullptr) sync_qp_state(of(id->id.qp));
+            switch (ev->type) {
+            case verbs::CmEventType::established:
+                queue_event(id, RDMA_CM_EVENT_ESTABLISHED, 0, nullptr, &ev->private_data, ev->ird, ev->ord);
+                break;
+            case verbs::CmEventType::rejected:
+                queue_event(id, RDMA_CM_EVENT_REJECTED, -ECONNREFUSED, nullptr, &ev->private_data);
+                break;
+            case verbs::CmEventType::unreachable: queue_event(id, RDMA_CM_EVENT_UNREACHABLE, -ETIMEDOUT); break;
+            case verbs::CmEventType::disconnected: queue_event(id, RDMA_CM_EVENT_DISCONNECTED, 0); break;
+            case verbs::CmEventType::error: queue_event(id, RDMA_CM_EVENT_CONNECT_ERROR, -ECONNRESET); break;
+            case verbs::CmEventType::connect_request: break;
+            }
+        } catch (const std::exception&) {
+            // out of memory for an event: it is lost, as a full event queue loses it
+        }
+    }
+}
+
+Runtime* runtime() {
+    Runtime* rt = Runtime::get();
+    if (rt != nullptr && device_context() != nullptr) {
+        rt->add_after_turn(&after_turn);
+        return rt;
+    }
+    if (errno == 0) errno = ENODEV;
+    return nullptr;
+}
+
+verbs::ConnParam conn_param(const Runtime& rt, const rdma_conn_param* p) {
+    verbs::ConnParam cp;
+    cp.peer_to_peer = rt.settings().peer_to_peer;
+    cp.crc = rt.settings().crc;
+    cp.connect_retry = rt.settings().connect_retry;
+    if (p != nullptr) {
+        cp.private_data = {static_cast<const std::byte*>(p->private_data), p->private_data_len};
+        cp.responder_resources = p->responder_resources;
+        cp.initiator_depth = p->initiator_depth;
+    }
+    return cp;
+}
+
+}  // namespace
+}  // namespace softrdma::dropin
+
+using namespace softrdma;
+using namespace softrdma::dropin;
+
+extern "C" {
+
+rdma_event_channel* rdma_create_event_channel() {
+    const int fd = ::eventfd(0, EFD_CLOEXEC);
+    if (fd < 0) return nullptr;
+    auto* c = new EvChannel;
+    c->ch.fd = fd;
+    return &c->ch;
+}
+
+void rdma_destroy_event_channel(rdma_event_channel* channel) {
+    EvChannel* c = chan(channel);
+    Runtime* rt = Runtime::get();
+    std::unique_ptr<Guard> g = rt != nullptr ? std::make_unique<Guard>(*rt) : nullptr;
+    for (Event* e : c->queue) delete e;
+    c->queue.clear();
+    ::close(c->ch.fd);
+    c->destroyed = true;
+}
+
+int rdma_create_id(rdma_event_channel* channel, rdma_cm_id** id, void* context, rdma_port_space ps) {
+    if (channel == nullptr) {
+        errno = ENOSYS;  // synchronous ids (rdma_create_ep) are not offered
+        return -1;
+    }
+    if (ps != RDMA_PS_TCP) {
+        errno = EINVAL;  // iWARP: reliable connected only
+        return -1;
+    }
+    auto* i = new Id;
+    i->id.channel = channel;
+    i->id.context = context;
+    i->id.ps = ps;
+    i->id.qp_type = IBV_QPT_RC;
+    i->id.port_num = 1;
+    *id = &i->id;
+    return 0;
+}
+
+// Its queued events go with it. Under the lock: the engine's turns (any thread's) queue events on the same
+// channel.
+int rdma_destroy_id(rdma_cm_id* id) {
+    Id* i = of_id(id);
+    auto forget = [&] {
+        EvChannel* c = chan(id->channel);
+        std::erase_if(c->queue, [id](Event* e) {
+            if (e->ev.id != id) return false;
+            delete e;
+            return true;
+        });
+        c->update();
+    };
+    if (Runtime* rt = Runtime::get(); rt != nullptr && id->verbs != nullptr) {
+        Guard g(*rt);
+        if (id->qp != nullptr) of(id->qp)->cm_id = nullptr;  // the QP stays the application's
+        if (i->cm) g_by_cm.erase(i->cm.get());
+        if (i->listener) g_by_listener.erase(i->listener.get());
+        i->cm.reset();  // a connection still in use is reset
+        i->listener.reset();
+        forget();
+    } else {
+        forget();  // never bound to the device: no turn can queue for it
+    }
+    delete i;
+    return 0;
+}
+
+int rdma_migrate_id(rdma_cm_id* id, rdma_event_channel* channel) {
+    Runtime* rt = runtime();
+    if (rt == nullptr) return -1;
+    Guard g(*rt);
+    EvChannel* from = chan(id->channel);
+    EvChannel* to = chan(channel);
+    std::erase_if(from->queue, [&](Event* e) {
+        if (e->ev.id != id) return false;
+        to->queue.push_back(e);
+        return true;
+    });
+    from->update();
+    to->update();
+    id->channel = channel;
+    return 0;
+}
+
+int rdma_bind_addr(rdma_cm_id* id, sockaddr* addr) {
+    if (addr == nullptr || addr->sa_family != AF_INET) {
+        errno = EAFNOSUPPORT;
+        return -1;
+    }
+    Runtime* rt = runtime();
+    if (rt == nullptr) return -1;
+    const auto* sin = reinterpret_cast<const sockaddr_in*>(addr);
+    if (sin->sin_addr.s_addr != INADDR_ANY && sin->sin_addr.s_addr != rt->settings().context.ip.address.be) {
+        errno = EADDRNOTAVAIL;
+        return -1;
+    }
+    Id* i = of_id(id);
+    i->src_port = ntohs(sin->sin_port);
+    id->verbs = device_context();
+    fill_addr(i, *rt);
+    return 0;
+}
+
+int rdma_listen(rdma_cm_id* id, int) {
+    Runtime* rt = runtime();
+    if (rt == nullptr) return -1;
+    Guard g(*rt);
+    Id* i = of_id(id);
+    if (i->src_port == 0) {
+        errno = EINVAL;  // bind a port first
+        return -1;
+    }
+    try {
+        i->listener = rt->ctx().listen(i->src_port);
+    } catch (const std::exception&) {
+        errno = EADDRINUSE;
+        return -1;
+    }
+    g_by_listener[i->listener.get()] = i;
+    return 0;
+}
+
+int rdma_resolve_addr(rdma_cm_id* id, sockaddr* src, sockaddr* dst, int) {
+    if (dst == nullptr || dst->sa_family != AF_INET || (src != nullptr && src->sa_family != AF_INET)) {
+        errno = EAFNOSUPPORT;
+        return -1;
+    }
+    Runtime* rt = runtime();
+    if (rt == nullptr) return -1;
+    Guard g(*rt);
+    Id* i = of_id(id);
+    const auto* d = reinterpret_cast<const sockaddr_in*>(dst);
+    i->dst.be = d->sin_addr.s_addr;
+    i->dst_port = ntohs(d->sin_port);
+    id->verbs = device_context();
+    fill_addr(i, *rt);
+    queue_event(i, RDMA_CM_EVENT_ADDR_RESOLVED, 0);
+    return 0;
+}
+
+int rdma_resolve_route(rdma_cm_id* id, int) {
+    Runtime* rt = runtime();
+    if (rt == nullptr) return -1;
+    Guard g(*rt);
+    queue_event(of_id(id), RDMA_CM_EVENT_ROUTE_RESOLVED, 0);
+    return 0;
+}
+
+int rdma_create_qp(rdma_cm_id* id, ibv_pd* pd, ibv_qp_init_attr* attr) {
+    Runtime* rt = runtime();
+    if (rt == nullptr) return -1;
+    if (pd == nullptr) pd = id->pd;
+    if (pd == nullptr) {
+        pd = ibv_alloc_pd(id->verbs);
+        if (pd == nullptr) return -1;
+        id->pd = pd;
+    }
+    Guard g(*rt);
+    Qp* q = make_qp(g, pd, attr);
+    if (q == nullptr) return -1;
+    q->cm_id = id;
+    id->qp = &q->qp;
+    return 0;
+}
+
+int rdma_create_qp_ex(rdma_cm_id* id, ibv_qp_init_attr_ex* a) {
+    if ((a->comp_mask & ~static_cast<std::uint32_t>(IBV_QP_INIT_ATTR_PD)) != 0) {
+        errno = EOPNOTSUPP;  // extended QP attributes (send ops flags, TSO, ...)
+        return -1;
+    }
+    ibv_qp_init_attr attr{};
+    attr.qp_context = a->qp_context;
+    attr.send_cq = a->send_cq;
+    attr.recv_cq = a->recv_cq;
+    attr.srq = a->srq;
+    attr.cap = a->cap;
+    attr.qp_type = a->qp_type;
+    attr.sq_sig_all = a->sq_sig_all;
+    const int rc = rdma_create_qp(id, (a->comp_mask & IBV_QP_INIT_ATTR_PD) != 0 ? a->pd : nullptr, &attr);
+    a->cap = attr.cap;
+    return rc;
+}
+
+void rdma_destroy_qp(rdma_cm_id* id) {
+    Runtime* rt = Runtime::get();
+    if (rt == nullptr || id->qp == nullptr) return;
+    Guard g(*rt);
+    delete of(id->qp);
+    id->qp = nullptr;
+}
+
+int rdma_connect(rdma_cm_id* id, rdma_conn_param* param) {
+    Runtime* rt = runtime();
+    if (rt == nullptr) return -1;
+    Guard g(*rt);
+    Id* i = of_id(id);
+    if (id->qp == nullptr || i->dst.be == 0) {
+        errno = EINVAL;  // rdma_create_qp and rdma_resolve_addr first
+        return -1;
+    }
+    try {
+        i->cm = rt->ctx().connect(i->dst, i->dst_port, *of(id->qp)->h, conn_param(*rt, param));
+    } catch (const std::exception&) {
+        errno = EINVAL;
+        return -1;
+    }
+    g_by_cm[i->cm.get()] = i;
+    sync_qp_state(of(id->qp));
+    return 0;
+}
+
+int rdma_accept(rdma_cm_id* id, rdma_conn_param* param) {
+    Runtime* rt = runtime();
+    if (rt == nullptr) return -1;
+    Guard g(*rt);
+    Id* i = of_id(id);
+    if (!i->cm || id->qp == nullptr || !i->cm->accept(*of(id->qp)->h, conn_param(*rt, param))) {
+        errno = EINVAL;
+        return -1;
+    }
+    sync_qp_state(of(id->qp));
+    return 0;
+}
+
+int rdma_reject(rdma_cm_id* id, const void* private_data, std::uint8_t len) {
+    Runtime* rt = runtime();
+    if (rt == nullptr) return -1;
+    Guard g(*rt);
+    Id* i = of_id(id);
+    if (!i->cm || !i->cm->reject({static_cast<const std::byte*>(private_data), len})) {
+        errno = EINVAL;
+        return -1;
+    }
+    return 0;
+}
+
+int rdma_disconnect(rdma_cm_id* id) {
+    Runtime* rt = runtime();
+    if (rt == nullptr) return -1;
+    Guard g(*rt);
+    Id* i = of_id(id);
+    if (!i->cm) {
+        errno = EINVAL;
+        return -1;
+    }
+    i->cm->disconnect();
+    rt->turn();
+    return 0;
+}
+
+int rdma_establish(rdma_cm_id*) { return 0; }  // iWARP: the connection is established by accept/connect
+
+int rdma_init_qp_attr(rdma_cm_id*, ibv_qp_attr*, int*) {
+    errno = ENOSYS;  // iWARP QPs are moved by the CM, not by the application
+    return -1;
+}
+
+int rdma_get_cm_event(rdma_event_channel* channel, rdma_cm_event** event) {
+    Runtime* rt = runtime();
+    if (rt == nullptr) return -1;
+    EvChannel* c = chan(channel);
+    bool nonblocking = false;
+    bool destroyed = false;
+    {
+        Guard g(*rt);
+        destroyed = c->destroyed;
+        const int flags = destroyed ? 0 : ::fcntl(c->ch.fd, F_GETFL);
+        if (flags < 0) return -1;  // errno: EBADF
+        nonblocking = (flags & O_NONBLOCK) != 0;
+    }
+    Event* got = nullptr;
+    const bool ok = destroyed || wait_for(*rt, nonblocking ? 0 : -1, [&] {
+        if (c->destroyed) return destroyed = true;
+        if (c->queue.empty()) return false;
+        got = c->queue.front();
+        c->queue.pop_front();
+        c->update();
+        return true;
+    });
+    if (destroyed) {
+        // The channel was destroyed before or while this thread waited on it (rping 44's CM thread, while main
+        // ends the program). The kernel's librdmacm thread would sit in read() until the process ends: so does
+        // this one, touching nothing.
+        for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+    }
+    if (!ok) {
+        errno = EAGAIN;
+        return -1;
+    }
+    *event = &got->ev;
+    return 0;
+}
+
+int rdma_ack_cm_event(rdma_cm_event* event) {
+    delete reinterpret_cast<Event*>(event);
+    return 0;
+}
+
+const char* rdma_event_str(rdma_cm_event_type e) {
+    switch (e) {
+    case RDMA_CM_EVENT_ADDR_RESOLVED: return "RDMA_CM_EVENT_ADDR_RESOLVED";
+    case RDMA_CM_EVENT_ADDR_ERROR: return "RDMA_CM_EVENT_ADDR_ERROR";
+    case RDMA_CM_EVENT_ROUTE_RESOLVED: return "RDMA_CM_EVENT_ROUTE_RESOLVED";
+    case RDMA_CM_EVENT_ROUTE_ERROR: return "RDMA_CM_EVENT_ROUTE_ERROR";
+    case RDMA_CM_EVENT_CONNECT_REQUEST: return "RDMA_CM_EVENT_CONNECT_REQUEST";
+    case RDMA_CM_EVENT_CONNECT_RESPONSE: return "RDMA_CM_EVENT_CONNECT_RESPONSE";
+    case RDMA_CM_EVENT_CONNECT_ERROR: return "RDMA_CM_EVENT_CONNECT_ERROR";
+    case RDMA_CM_EVENT_UNREACHABLE: return "RDMA_CM_EVENT_UNREACHABLE";
+    case RDMA_CM_EVENT_REJECTED: return "RDMA_CM_EVENT_REJECTED";
+    case RDMA_CM_EVENT_ESTABLISHED: return "RDMA_CM_EVENT_ESTABLISHED";
+    case RDMA_CM_EVENT_DISCONNECTED: return "RDMA_CM_EVENT_DISCONNECTED";
+    case RDMA_CM_EVENT_DEVICE_REMOVAL: return "RDMA_CM_EVENT_DEVICE_REMOVAL";
+    case RDMA_CM_EVENT_MULTICAST_JOIN: return "RDMA_CM_EVENT_MULTICAST_JOIN";
+    case RDMA_CM_EVENT_MULTICAST_ERROR: return "RDMA_CM_EVENT_MULTICAST_ERROR";
+    case RDMA_CM_EVENT_ADDR_CHANGE: return "RDMA_CM_EVENT_ADDR_CHANGE";
+    case RDMA_CM_EVENT_TIMEWAIT_EXIT: return "RDMA_CM_EVENT_TIMEWAIT_EXIT";
+    }
+    return "UNKNOWN EVENT";
+}
+
+int rdma_set_option(rdma_cm_id*, int level, int, void*, std::size_t) {
+    if (level == RDMA_OPTION_ID) return 0;  // TOS, reuse-address, AF-only: nothing to change here
+    errno = ENOSYS;
+    return -1;
+}
+
+__be16 rdma_get_src_port(rdma_cm_id* id) { return htons(of_id(id)->src_port); }
+__be16 rdma_get_dst_port(rdma_cm_id* id) { return htons(of_id(id)->dst_port); }
+
+int rdma_getaddrinfo(const char* node, const char* service, const rdma_addrinfo* hints, rdma_addrinfo** res) {
+    addrinfo h{};
+    h.ai_family = AF_INET;
+    h.ai_socktype = SOCK_STREAM;
+    const bool passive = hints != nullptr && (hints->ai_flags & RAI_PASSIVE) != 0;
+    if (passive) h.ai_flags |= AI_PASSIVE;
+    if (hints != nullptr && (hints->ai_flags & RAI_NUMERICHOST) != 0) h.ai_flags |= AI_NUMERICHOST;
+    if (hints != nullptr && hints->ai_family != AF_UNSPEC && hints->ai_family != AF_INET) {
+        errno = EAFNOSUPPORT;
+        return -1;
+    }
+    addrinfo* ai = nullptr;
+    if (const int rc = ::getaddrinfo(node, service, &h, &ai); rc != 0 || ai == nullptr) {
+        errno = ENOENT;
+        return -1;
+    }
+    auto* r = static_cast<rdma_addrinfo*>(std::calloc(1, sizeof(rdma_addrinfo)));
+    auto* sa = static_cast<sockaddr_in*>(std::calloc(1, sizeof(sockaddr_in)));
+    if (r == nullptr || sa == nullptr) {
+        std::free(r);
+        std::free(sa);
+        ::freeaddrinfo(ai);
+        errno = ENOMEM;
+        return -1;
+    }
+    std::memcpy(sa, ai->ai_addr, sizeof(sockaddr_in));
+    ::freeaddrinfo(ai);
+    r->ai_flags = hints != nullptr ? hints->ai_flags : 0;
+    r->ai_family = AF_INET;
+    r->ai_qp_type = IBV_QPT_RC;
+    r->ai_port_space = RDMA_PS_TCP;
+    if (passive) {
+        r->ai_src_len = sizeof(sockaddr_in);
+        r->ai_src_addr = reinterpret_cast<sockaddr*>(sa);
+    } else {
+        r->ai_dst_len = sizeof(sockaddr_in);
+        r->ai_dst_addr = reinterpret_cast<sockaddr*>(sa);
+    }
+    *res = r;
+    return 0;
+}
+
+void rdma_freeaddrinfo(rdma_addrinfo* res) {
+    while (res != nullptr) {
+        rdma_addrinfo* next = res->ai_next;
+        std::free(res->ai_src_addr);
+        std::free(res->ai_dst_addr);
+        std::free(res);
+        res = next;
+    }
+}
+
+// Synchronous endpoints (rdma_create_ep and friends) are not offered.
+int rdma_create_ep(rdma_cm_id**, rdma_addrinfo*, ibv_pd*, ibv_qp_init_attr*) {
+    errno = ENOSYS;
+    return -1;
+}
+void rdma_destroy_ep(rdma_cm_id*) {}
+int rdma_get_request(rdma_cm_id*, rdma_cm_id**) {
+    errno = ENOSYS;
+    return -1;
+}
+
+}  // extern "C"

@@ -1,0 +1,236 @@
+// SPDX-License-Identifier: MIT
+#include "verbs/dropin/runtime.hpp"
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <stdexcept>
+#include <string_view>
+
+#include "verbs/engine.hpp"
+#include <softrdma/log.hpp>
+
+namespace softrdma::dropin {
+namespace {
+
+std::string trim(std::string s) {
+    const auto b = s.find_first_not_of(" \t\r\n");
+    const auto e = s.find_last_not_of(" \t\r\n");
+    return b == std::string::npos ? std::string{} : s.substr(b, e - b + 1);
+}
+
+constexpr const char* kKeys[] = {"backend",   "memif_socket", "memif_role",      "iface",         "ip",
+                                 "netmask",   "gateway",      "mac",             "mtu",           "threading",
+                                 "hugepages", "lcores",       "max_qp",          "max_mr",        "link_timeout_ms",
+                                 "progress_interval_us", "connect_retry_ms", "peer_to_peer", "crc", "log"};
+
+bool known(const std::string& k) {
+    for (const char* n : kKeys)
+        if (k == n) return true;
+    return false;
+}
+
+// KEY=VALUE lines from SOFTRDMA_CONFIG, then SOFTRDMA_<KEY> from the environment.
+std::map<std::string, std::string> gather() {
+    std::map<std::string, std::string> kv;
+    if (const char* path = std::getenv("SOFTRDMA_CONFIG"); path != nullptr && *path != '\0') {
+        std::ifstream f(path);
+        if (!f) throw std::runtime_error(std::string("SOFTRDMA_CONFIG: cannot read ") + path);
+        std::string line;
+        for (unsigned n = 1; std::getline(f, line); ++n) {
+            line = trim(line.substr(0, line.find('#')));
+            if (line.empty()) continue;
+            const auto eq = line.find('=');
+            if (eq == std::string::npos)
+                throw std::runtime_error(std::string(path) + ":" + std::to_string(n) + ": not KEY=VALUE");
+            std::string k = trim(line.substr(0, eq));
+            for (char& c : k) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+            if (!known(k)) throw std::runtime_error(std::string(path) + ":" + std::to_string(n) + ": unknown key " + k);
+            kv[k] = trim(line.substr(eq + 1));
+        }
+    }
+    for (const char* k : kKeys) {
+        std::string env = "SOFTRDMA_";
+        for (const char* p = k; *p != '\0'; ++p) env += static_cast<char>(std::toupper(static_cast<unsigned char>(*p)));
+        if (const char* v = std::getenv(env.c_str()); v != nullptr) kv[k] = v;
+    }
+    return kv;
+}
+
+unsigned long number(const std::map<std::string, std::string>& kv, const std::string& k, unsigned long dflt) {
+    const auto it = kv.find(k);
+    if (it == kv.end()) return dflt;
+    char* end = nullptr;
+    errno = 0;
+    const unsigned long v = std::strtoul(it->second.c_str(), &end, 10);
+    if (errno != 0 || end == it->second.c_str() || *end != '\0') throw std::runtime_error(k + ": not a number: " + it->second);
+    return v;
+}
+
+MacAddress parse_mac(const std::string& s) {
+    MacAddress m{};
+    unsigned b[6];
+    if (std::sscanf(s.c_str(), "%x:%x:%x:%x:%x:%x", &b[0], &b[1], &b[2], &b[3], &b[4], &b[5]) != 6)
+        throw std::runtime_error("mac: not aa:bb:cc:dd:ee:ff: " + s);
+    for (int i = 0; i < 6; ++i) m[static_cast<std::size_t>(i)] = static_cast<std::uint8_t>(b[i]);
+    return m;
+}
+
+std::atomic<bool> g_reported{false};
+std::mutex g_open_mu;
+Runtime* g_rt = nullptr;  // never freed: other threads may still be inside a verbs call at exit
+bool g_open_failed = false;
+
+}  // namespace
+
+Settings read_settings() {
+    const auto kv = gather();
+    if (kv.find("backend") == kv.end() && kv.find("ip") == kv.end())
+        throw std::runtime_error(
+            "not configured: run the program under softrdma-run, or set SOFTRDMA_CONFIG (a file of KEY=VALUE "
+            "lines) or SOFTRDMA_BACKEND and SOFTRDMA_IP");
+    auto get = [&](const char* k, const std::string& dflt) {
+        const auto it = kv.find(k);
+        return it == kv.end() ? dflt : it->second;
+    };
+    Settings s;
+    verbs::ContextConfig& cc = s.context;
+    const std::string backend = get("backend", "memif");
+    if (backend == "memif") {
+        cc.port.backend = Backend::memif;
+        cc.port.memif_socket = get("memif_socket", cc.port.memif_socket);
+        const std::string role = get("memif_role", "");
+        if (role != "server" && role != "client")
+            throw std::runtime_error("memif_role: server or client (one end of the memif link is its server), not '" + role + "'");
+        cc.port.memif_server = role == "server";
+    } else if (backend == "af_packet") {
+        cc.port.backend = Backend::af_packet;
+        cc.port.iface = get("iface", "");
+        if (cc.port.iface.empty()) throw std::runtime_error("iface: af_packet needs an interface");
+    } else {
+        throw std::runtime_error("backend: memif or af_packet, not '" + backend + "'");
+    }
+    const std::string ip = get("ip", "");
+    if (ip.empty()) throw std::runtime_error("ip: this host's IPv4 address is needed");
+    try {
+        cc.ip.address = Ipv4::parse(ip);
+        if (kv.count("netmask") != 0) cc.ip.netmask = Ipv4::parse(kv.at("netmask"));
+        if (kv.count("gateway") != 0) cc.ip.gateway = Ipv4::parse(kv.at("gateway"));
+    } catch (const std::invalid_argument& e) {
+        throw std::runtime_error(std::string("ip/netmask/gateway: ") + e.what());
+    }
+    if (kv.count("mac") != 0) {
+        cc.port.has_mac = true;
+        cc.port.mac = parse_mac(kv.at("mac"));
+    }
+    cc.port.mtu = static_cast<std::uint16_t>(number(kv, "mtu", 1500));
+    cc.port.link_timeout = std::chrono::milliseconds(number(kv, "link_timeout_ms", 10000));
+    const std::string th = get("threading", "run_to_completion");
+    if (th == "rx_thread") cc.threading.mode = ThreadingMode::rx_thread;
+    else if (th != "run_to_completion") throw std::runtime_error("threading: run_to_completion or rx_thread, not '" + th + "'");
+    cc.threading.rx_idle = {.spin_turns = 64, .then = IdlePolicy::Then::sleep, .sleep = std::chrono::microseconds(50)};
+    const std::string hp = get("hugepages", "auto");
+    if (hp == "off") cc.eal.hugepages = Hugepages::off;
+    else if (hp == "on") cc.eal.hugepages = Hugepages::required;
+    else if (hp != "auto") throw std::runtime_error("hugepages: auto, on or off, not '" + hp + "'");
+    cc.eal.no_huge_memory_mb = 256;
+    cc.eal.lcores = get("lcores", "");
+    cc.max_qp = static_cast<std::uint32_t>(number(kv, "max_qp", 64));
+    cc.max_mr = static_cast<std::uint32_t>(number(kv, "max_mr", 1024));
+    s.progress_interval = std::chrono::microseconds(number(kv, "progress_interval_us", 100));
+    s.connect_retry = std::chrono::milliseconds(number(kv, "connect_retry_ms", 5000));
+    const std::string lv = get("log", "warn");  // the program's own output stays readable: warnings and errors
+    bool found = false;
+    for (auto l : {log::Level::trace, log::Level::debug, log::Level::info, log::Level::warn, log::Level::error, log::Level::off})
+        if (lv == log::to_string(l)) {
+            s.log = l;
+            found = true;
+        }
+    if (!found) throw std::runtime_error("log: trace, debug, info, warn, error or off, not '" + lv + "'");
+    const std::string p2p = get("peer_to_peer", "on");
+    if (p2p != "on" && p2p != "off") throw std::runtime_error("peer_to_peer: on or off, not '" + p2p + "'");
+    s.peer_to_peer = p2p == "on";
+    const std::string crc = get("crc", "off");
+    if (crc == "preferred") s.crc = CrcPolicy::preferred;
+    else if (crc == "required") s.crc = CrcPolicy::required;
+    else if (crc != "off") throw std::runtime_error("crc: off, preferred or required, not '" + crc + "'");
+    return s;
+}
+
+bool Runtime::configured() noexcept {
+    try {
+        (void)read_settings();
+        return true;
+    } catch (const std::exception& e) {
+        if (!g_reported.exchange(true)) std::fprintf(stderr, "softrdma: %s\n", e.what());
+        return false;
+    }
+}
+
+Runtime* Runtime::get() noexcept {
+    std::lock_guard<std::mutex> lk(g_open_mu);
+    if (g_rt != nullptr) return g_rt;
+    if (g_open_failed) {
+        errno = ENODEV;
+        return nullptr;
+    }
+    try {
+        g_rt = new Runtime(read_settings());
+        std::atexit([] { g_rt->shutdown(); });
+        return g_rt;
+    } catch (const std::exception& e) {
+        g_open_failed = true;
+        if (!g_reported.exchange(true)) std::fprintf(stderr, "softrdma: cannot open device softrdma0: %s\n", e.what());
+        errno = ENODEV;
+        return nullptr;
+    }
+}
+
+Runtime::Runtime(const Settings& s) : settings_(s) {
+    log::set_level(s.log);
+    ctx_ = verbs::Context::open(s.context);
+    if (s.progress_interval.count() > 0) progress_ = std::make_unique<std::thread>([this] { progress_loop(); });
+}
+
+// At exit: connections still open are reset, those ending in order get their FIN (close_linger). The lock is
+// kept: a thread still calling verbs waits on it until the process is gone.
+void Runtime::shutdown() noexcept {
+    stop_ = true;
+    if (progress_) progress_->join();
+    mu_.lock();
+    adopt();
+    ctx_.reset();
+}
+
+void Runtime::adopt() noexcept { ctx_->impl().adopt_thread(); }
+
+unsigned Runtime::turn() noexcept {
+    turns_.fetch_add(1, std::memory_order_relaxed);
+    const unsigned frames = ctx_->poll();
+    for (Hook h : hooks_)
+        if (h != nullptr) h();
+    return frames;
+}
+
+// Runs a turn when nobody else has for a whole interval: a program waiting on a channel fd (poll/epoll) still
+// sees its completions and CM events arrive.
+void Runtime::progress_loop() {
+    std::uint64_t seen = turns_.load(std::memory_order_relaxed);
+    while (!stop_.load(std::memory_order_relaxed)) {
+        std::this_thread::sleep_for(settings_.progress_interval);
+        const std::uint64_t now = turns_.load(std::memory_order_relaxed);
+        if (now != seen) {
+            seen = now;
+            continue;
+        }
+        std::unique_lock<std::mutex> lk(mu_, std::try_to_lock);
+        if (!lk.owns_lock()) continue;
+        adopt();
+        turn();
+        seen = turns_.load(std::memory_order_relaxed);
+    }
+}
+
+}  // namespace softrdma::dropin

@@ -1,0 +1,132 @@
+// SPDX-License-Identifier: MIT
+// The drop-in libibverbs/librdmacm's process-wide state (internal): the configuration read from the
+// environment (set by softrdma-run, or by hand), the one softrdma Context behind the one device "softrdma0",
+// and the lock every verbs entry point takes.
+//
+// Progress. Stock programs only call verbs, never Context::poll(). So: every data-path call that can make
+// progress runs one engine turn (ibv_post_send / ibv_post_recv push the work out at once, ibv_poll_cq polls
+// the network before it reads the CQ), and every blocking call (ibv_get_cq_event, rdma_get_cm_event) polls
+// while it waits. A program that waits on a channel's fd with poll/epoll instead is served by the progress
+// thread, which runs a turn whenever no verbs call has for `progress_interval` (default 100 us).
+//
+// Threads. libibverbs promises thread safety (rping runs its CM, CQ and main threads on one context); the
+// engine is single-threaded. One mutex serializes every call into the engine; the thread holding it becomes
+// the stack's owner for that call (uncontended: one atomic exchange each way). The C++ API
+// (<softrdma/verbs.hpp>) has no lock.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include <softrdma/log.hpp>
+#include <softrdma/verbs.hpp>
+
+namespace softrdma::dropin {
+
+// The configuration: SOFTRDMA_CONFIG names a file of KEY=VALUE lines; SOFTRDMA_<KEY> variables override it.
+// Keys (README "Unmodified verbs programs"): backend (memif | af_packet), memif_socket, memif_role (server |
+// client), iface, ip, netmask, gateway, mac, mtu, threading (run_to_completion | rx_thread), hugepages (auto |
+// on | off), lcores, max_qp, max_mr, link_timeout_ms, progress_interval_us, connect_retry_ms, peer_to_peer (on | off), log, crc (off |
+// preferred | required). Throws std::runtime_error with the offending key on anything unknown or malformed, or
+// when nothing is configured at all.
+struct Settings {
+    verbs::ContextConfig context;
+    std::chrono::microseconds progress_interval{100};
+    // rdma_connect asks for RFC 6581 peer-to-peer mode (an RTR from the initiator), as the iWARP RNIC drivers
+    // do by default (cxgb4's peer2peer=1): without it a responder may not send before the initiator has
+    // (RFC 5044 section 7.1.2), and programs whose server speaks first (ucmatose, perftest's servers) stall.
+    bool peer_to_peer{true};
+    CrcPolicy crc{CrcPolicy::off};
+    // rdma_connect to a port nobody listens on yet is tried again for this long (ConnParam::connect_retry):
+    // two processes started together over memif meet only when both are up, and the client may get there
+    // before the server's rdma_listen. Key connect_retry_ms.
+    std::chrono::milliseconds connect_retry{5000};
+    log::Level log{log::Level::warn};  // key log: the library's messages on stderr from this level up
+};
+Settings read_settings();
+
+class Runtime {
+public:
+    // The process's runtime; opens the Context on first use. nullptr (with errno set and one message on
+    // stderr, the first time) when it cannot.
+    static Runtime* get() noexcept;
+    // Whether a configuration exists at all (the device list is empty without one).
+    static bool configured() noexcept;
+
+    verbs::Context& ctx() noexcept { return *ctx_; }
+    std::mutex& lock() noexcept { return mu_; }
+    // Under lock(): makes the calling thread the engine's thread for this call, then one turn.
+    void adopt() noexcept;
+    unsigned turn() noexcept;
+    const Settings& settings() const noexcept { return settings_; }
+    void shutdown() noexcept;
+    // Work each library does after every turn, under the lock: libibverbs turns CQ events into channel events,
+    // librdmacm sorts the Context's CM events onto their event channels. Control path (set once each).
+    using Hook = void (*)() noexcept;
+    void add_after_turn(Hook h) noexcept {
+        for (Hook& slot : hooks_)
+            if (slot == h || slot == nullptr) {
+                slot = h;
+                return;
+            }
+    }
+
+private:
+    explicit Runtime(const Settings& s);
+    void progress_loop();
+
+    Settings settings_;
+    std::unique_ptr<verbs::Context> ctx_;
+    std::mutex mu_;
+    std::atomic<std::uint64_t> turns_{0};
+    std::atomic<bool> stop_{false};
+    std::unique_ptr<std::thread> progress_;
+    std::array<Hook, 2> hooks_{};
+};
+
+// Holds the runtime's lock and adopts the engine for the calling thread.
+class Guard {
+public:
+    explicit Guard(Runtime& rt) : rt_(rt), lk_(rt.lock()) { rt_.adopt(); }
+    Runtime& rt() noexcept { return rt_; }
+
+private:
+    Runtime& rt_;
+    std::lock_guard<std::mutex> lk_;
+};
+
+// Runs `step` under the lock, one engine turn at a time, until it returns true or `timeout` (negative: none)
+// passes; between turns the lock is released and the thread idles (spin, then sleep). Returns step's last value.
+template <class Step>
+bool wait_for(Runtime& rt, int timeout_ms, Step&& step);
+
+}  // namespace softrdma::dropin
+
+#include <thread>
+
+namespace softrdma::dropin {
+
+template <class Step>
+bool wait_for(Runtime& rt, int timeout_ms, Step&& step) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms < 0 ? 0 : timeout_ms);
+    unsigned idle = 0;
+    for (;;) {
+        {
+            Guard g(rt);
+            if (step()) return true;
+            idle = rt.turn() != 0 ? 0 : idle + 1;
+            if (step()) return true;
+        }
+        if (timeout_ms >= 0 && std::chrono::steady_clock::now() >= deadline) return false;
+        // Two busy processes may share the cores: after 64 empty turns, give the core away between turns.
+        if (idle > 64) std::this_thread::sleep_for(std::chrono::microseconds(20));
+        else if (idle > 16) std::this_thread::yield();
+    }
+}
+
+}  // namespace softrdma::dropin
