@@ -152,6 +152,41 @@ TEST_CASE("connect to a port nobody listens on: unreachable, receives flushed", 
     check_outcomes(run_pair(server, client));
 }
 
+TEST_CASE("connect_retry: a client that connects before its server listens is refused, tries again, and gets "
+          "in once the listener comes; its receive is untouched meanwhile",
+          "[verbs][memif]") {
+    auto server = [](const PeerConfig& cfg) {
+        Peer p(cfg, 64, verbs::access::local_write);
+        // Refuse the client's SYNs for a while (no listener yet), then listen.
+        const auto& c = p.ctx->impl().stack().counters();
+        p.ctx->run_until([&] { return c.rx_frames >= 4 && c.tx_frames >= 3; }, kWait);  // ARP + refused SYNs
+        p.ctx->run_until([] { return false; }, 300ms);
+        p.post_recv(1, 0, 64);
+        p.serve();
+        Peer::expect(p.wait_wc(1)[0], WcStatus::success, WcOpcode::recv, 1);
+        return p.end(0);
+    };
+    auto client = [](const PeerConfig& cfg) {
+        Peer p(cfg, 64, verbs::access::local_write);
+        p.post_recv(5, 0, 64);
+        p.conn.connect_retry = 5s;
+        const auto t0 = std::chrono::steady_clock::now();
+        p.connect();
+        const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
+        if (waited < 300ms) throw std::runtime_error("established before the server listened");
+        if (p.cq->size() != 0) throw std::runtime_error("the refused attempts touched the receive");
+        report("established after " + std::to_string(waited.count()) + " ms of refusals");
+        const verbs::Sge s = p.mr->sge(0, 8);
+        p.post_send({.wr_id = 2, .opcode = verbs::WrOpcode::send, .send_flags = verbs::send_flags::signaled,
+                     .sg_list = {&s, 1}});
+        Peer::expect(p.wait_wc(1)[0], WcStatus::success, WcOpcode::send, 2);
+        return p.end(0);
+    };
+    const auto out = run_pair(server, client);
+    check_outcomes(out);
+    CHECK(out[1].report.find("established after") != std::string::npos);
+}
+
 TEST_CASE("disconnect right after posting 8 MiB: everything completes, the peer gets it all before the FIN",
           "[verbs][memif]") {
     constexpr std::uint32_t kLen = 1 << 20;
