@@ -44,15 +44,33 @@ verbs::ContextConfig plain(const PeerConfig& cfg) {
 
 // Opens a Context (with `edit` applied) next to a memif peer that does the same, and reports the calling
 // thread's cores before and after ("before=0,1 after=0,1").
-int open_and_report(const PeerConfig& cfg, void (*edit)(verbs::ContextConfig&)) {
+// Opens, reports the thread's cores before and after, and holds the Context (and its core claim) until the
+// other end has opened too: `mine` is created once open, `theirs` awaited (bounded), so a loaded machine that
+// slows one end cannot make the other leave before the link came up or the claims overlapped.
+int open_and_report(const PeerConfig& cfg, void (*edit)(verbs::ContextConfig&), const std::string& mine,
+                    const std::string& theirs) {
     verbs::ContextConfig cc = plain(cfg);
     edit(cc);
     const std::string before = affinity_text();
     auto ctx = verbs::Context::open(cc);
     procs::report("before=" + before + " after=" + affinity_text());
-    std::this_thread::sleep_for(300ms);  // both ends hold their claims at once
+    if (const int fd = ::open(mine.c_str(), O_CREAT | O_WRONLY, 0600); fd >= 0) ::close(fd);
+    const auto until = std::chrono::steady_clock::now() + 20s;
+    while (::access(theirs.c_str(), F_OK) != 0 && std::chrono::steady_clock::now() < until)
+        std::this_thread::sleep_for(10ms);
+    std::this_thread::sleep_for(50ms);
     return 0;
 }
+
+// Both ends of one open_and_report pair: the marker files of a run.
+struct Markers {
+    std::string server = "/tmp/" + procs::unique_name("softrdma-open-s");
+    std::string client = "/tmp/" + procs::unique_name("softrdma-open-c");
+    ~Markers() {
+        ::unlink(server.c_str());
+        ::unlink(client.c_str());
+    }
+};
 
 std::string field(const std::string& report, const std::string& key) {
     const auto at = report.find(key + "=");
@@ -71,8 +89,11 @@ TEST_CASE("defaults: a Context pins no thread unless asked; asked without a list
     }
     auto [s, c] = memif_pair();
     SECTION("default: the calling thread keeps every core it had") {
-        auto body = [](const PeerConfig& cfg) { return open_and_report(cfg, [](verbs::ContextConfig&) {}); };
-        const auto out = procs::run({{"server", [&] { return body(s); }}, {"client", [&] { return body(c); }, 200ms}},
+        const Markers m;
+        auto body = [&](const PeerConfig& cfg, bool server) {
+            return open_and_report(cfg, [](verbs::ContextConfig&) {}, server ? m.server : m.client, server ? m.client : m.server);
+        };
+        const auto out = procs::run({{"server", [&] { return body(s, true); }}, {"client", [&] { return body(c, false); }, 200ms}},
                                     {.timeout = 30s});
         for (const auto& o : out) {
             INFO(o.name << ": " << o.report);
@@ -82,8 +103,12 @@ TEST_CASE("defaults: a Context pins no thread unless asked; asked without a list
         }
     }
     SECTION("pin without a list: one core each, not the same one") {
-        auto body = [](const PeerConfig& cfg) { return open_and_report(cfg, [](verbs::ContextConfig& cc) { cc.eal.pin = true; }); };
-        const auto out = procs::run({{"server", [&] { return body(s); }}, {"client", [&] { return body(c); }, 200ms}},
+        const Markers m;
+        auto body = [&](const PeerConfig& cfg, bool server) {
+            return open_and_report(cfg, [](verbs::ContextConfig& cc) { cc.eal.pin = true; }, server ? m.server : m.client,
+                                   server ? m.client : m.server);
+        };
+        const auto out = procs::run({{"server", [&] { return body(s, true); }}, {"client", [&] { return body(c, false); }, 200ms}},
                                     {.timeout = 30s});
         for (const auto& o : out) {
             INFO(o.name << ": " << o.report);
