@@ -80,7 +80,9 @@ MacAddress parse_mac(const std::string& s) {
 
 std::atomic<bool> g_reported{false};
 std::mutex g_open_mu;
-Runtime* g_rt = nullptr;  // never freed: other threads may still be inside a verbs call at exit
+// Never freed: other threads may still be inside a verbs call at exit. Read without a lock on every verbs
+// call (acquire: the Runtime it names is fully built); written once, under g_open_mu.
+std::atomic<Runtime*> g_rt{nullptr};
 bool g_open_failed = false;
 
 }  // namespace
@@ -170,16 +172,18 @@ bool Runtime::configured() noexcept {
 }
 
 Runtime* Runtime::get() noexcept {
+    if (Runtime* rt = g_rt.load(std::memory_order_acquire)) return rt;
     std::lock_guard<std::mutex> lk(g_open_mu);
-    if (g_rt != nullptr) return g_rt;
+    if (Runtime* rt = g_rt.load(std::memory_order_acquire)) return rt;
     if (g_open_failed) {
         errno = ENODEV;
         return nullptr;
     }
     try {
-        g_rt = new Runtime(read_settings());
-        std::atexit([] { g_rt->shutdown(); });
-        return g_rt;
+        auto* rt = new Runtime(read_settings());
+        g_rt.store(rt, std::memory_order_release);
+        std::atexit([] { g_rt.load(std::memory_order_acquire)->shutdown(); });
+        return rt;
     } catch (const std::exception& e) {
         g_open_failed = true;
         if (!g_reported.exchange(true)) std::fprintf(stderr, "softrdma: cannot open device softrdma0: %s\n", e.what());
