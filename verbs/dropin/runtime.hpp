@@ -111,21 +111,29 @@ bool wait_for(Runtime& rt, int timeout_ms, Step&& step);
 
 namespace softrdma::dropin {
 
+// How long a waiting thread stays hot (turns back to back, yielding the core between them) after the last
+// frame arrived: a peer in the middle of a ping-pong (a READ target waiting inside a blocking call, as
+// perftest's read servers do) is served at once; one that has gone quiet costs a 20 us sleep per turn.
+inline constexpr auto kHotWindow = std::chrono::milliseconds(1);
+
 template <class Step>
 bool wait_for(Runtime& rt, int timeout_ms, Step&& step) {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms < 0 ? 0 : timeout_ms);
-    unsigned idle = 0;
+    auto now = std::chrono::steady_clock::now();
+    const auto deadline = now + std::chrono::milliseconds(timeout_ms < 0 ? 0 : timeout_ms);
+    auto last_frame = now;
     for (;;) {
         {
             Guard g(rt);
             if (step()) return true;
-            idle = rt.turn() != 0 ? 0 : idle + 1;
+            const unsigned frames = rt.turn();
             if (step()) return true;
+            now = std::chrono::steady_clock::now();
+            if (frames != 0) last_frame = now;
         }
-        if (timeout_ms >= 0 && std::chrono::steady_clock::now() >= deadline) return false;
-        // Two busy processes may share the cores: after 64 empty turns, give the core away between turns.
-        if (idle > 64) std::this_thread::sleep_for(std::chrono::microseconds(20));
-        else if (idle > 16) std::this_thread::yield();
+        if (timeout_ms >= 0 && now >= deadline) return false;
+        // Two busy processes may share the cores: hot, give the core away between turns; quiet, sleep.
+        if (now - last_frame < kHotWindow) std::this_thread::yield();
+        else std::this_thread::sleep_for(std::chrono::microseconds(20));
     }
 }
 
