@@ -206,9 +206,6 @@ struct WorkCompletion {
 // A bounded ring of completions, allocated at creation. Sizing rule: at least the sum of max_send_wr +
 // max_recv_wr of the QPs that use it (each outstanding WR yields at most one entry); an entry that finds the
 // ring full is dropped and counted in overruns() (the CQ overrun error of verbs).
-// A bounded ring of completions, allocated at creation. Sizing rule: at least the sum of max_send_wr +
-// max_recv_wr of the QPs that use it (each outstanding WR yields at most one entry); an entry that finds the
-// ring full is dropped and counted in overruns() (the CQ overrun error of verbs).
 class CompletionQueue {
 public:
     explicit CompletionQueue(std::shared_ptr<detail::Cq> impl);  // made by Context::create_cq
@@ -481,7 +478,6 @@ struct CmEvent {
     std::string reason;                 // unreachable/error/disconnected: text
 };
 
-// One connection: MPA negotiation over a TCP connection, then the stream handed to the QP.
 // One connection: MPA negotiation over a TCP connection, then the byte stream handed to the QP.
 class CmId {
 public:
