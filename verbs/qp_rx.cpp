@@ -56,9 +56,13 @@ rdmap::MemError RecvQueue::begin(std::uint32_t msn, bool& srq_limit) noexcept {
 
 const RecvSlot* RecvQueue::current(std::uint32_t msn) const noexcept { return has && bound.msn == msn ? &bound : nullptr; }
 
-rdmap::Mem RecvQueue::place(std::uint32_t msn, std::uint32_t mo, std::size_t len) const noexcept {
+rdmap::Mem RecvQueue::place(const MemoryTable& mem, std::uint32_t msn, std::uint32_t mo, std::size_t len) noexcept {
     const RecvSlot* rp = current(msn);
     if (rp == nullptr) return {.err = rdmap::MemError::bounds};
+    if (!mem.alive(rp->lease, rp->nsge)) {  // deregistered since the receive was posted
+        gone = true;
+        return {.err = rdmap::MemError::local_gone};
+    }
     return scatter_piece(std::span(rp->sge).first(rp->nsge), mo, len);
 }
 
@@ -146,13 +150,7 @@ rdmap::MemError RxHalf::recv_begin(std::uint32_t msn) {
     return e;
 }
 
-rdmap::Mem RxHalf::recv_place(std::uint32_t msn, std::uint32_t mo, std::size_t len) {
-    if (const RecvSlot* rp = rq_.current(msn); rp != nullptr && !mem_.alive(rp->lease, rp->nsge)) {
-        rq_.gone = true;  // deregistered since the receive was posted
-        return {.err = rdmap::MemError::local_gone};
-    }
-    return rq_.place(msn, mo, len);
-}
+rdmap::Mem RxHalf::recv_place(std::uint32_t msn, std::uint32_t mo, std::size_t len) { return rq_.place(mem_, msn, mo, len); }
 
 rdmap::MemError RxHalf::invalidate(std::uint32_t stag) { return mem_.invalidate(stag, pd_); }
 

@@ -57,7 +57,8 @@ struct RecvQueue {
     bool has{false};
     bool gone{false};  // the bound receive's memory was deregistered under it: it completes with loc_prot_err
     rdmap::MemError begin(std::uint32_t msn, bool& srq_limit) noexcept;
-    rdmap::Mem place(std::uint32_t msn, std::uint32_t mo, std::size_t len) const noexcept;
+    // Where the bound receive's bytes at `mo` go, after checking its regions are still registered (`gone`).
+    rdmap::Mem place(const MemoryTable& mem, std::uint32_t msn, std::uint32_t mo, std::size_t len) noexcept;
     const RecvSlot* current(std::uint32_t msn) const noexcept;
     WorkCompletion complete(const rdmap::Completion& c, std::uint32_t qp_num) noexcept;
 };

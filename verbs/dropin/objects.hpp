@@ -1,7 +1,10 @@
 // SPDX-License-Identifier: MIT
 // The objects behind the libibverbs structures the drop-in hands out (internal). Each embeds the public
 // structure first, so the pointer the application holds converts back; each owns the softrdma handle it
-// stands for. Created and destroyed under the runtime's lock. librdmacm reaches them through the functions
+// stands for. Ownership: made by ibv_alloc_pd / ibv_reg_mr / ibv_create_* (rdma_create_qp), owned by the
+// application from then, freed by the matching ibv_dealloc / dereg / destroy (rdma_destroy_qp); the softrdma
+// objects behind them may live on in what still uses them (see <softrdma/verbs.hpp>, Lifetimes). A comp
+// channel's struct is kept after ibv_destroy_comp_channel (objects.hpp Channel::destroyed). Created and destroyed under the runtime's lock. librdmacm reaches them through the functions
 // below (exported from libibverbs.so.1 under a private version node).
 #pragma once
 

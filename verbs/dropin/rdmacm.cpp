@@ -462,6 +462,9 @@ int rdma_get_cm_event(rdma_event_channel* channel, rdma_cm_event** event) {
     return 0;
 }
 
+// Ownership: an Event belongs to its channel's queue until rdma_get_cm_event hands it out, then to the
+// application until it acks it here (or to rdma_destroy_id / rdma_destroy_event_channel, which free the
+// events still queued).
 int rdma_ack_cm_event(rdma_cm_event* event) {
     delete reinterpret_cast<Event*>(event);
     return 0;
