@@ -210,15 +210,7 @@ unsigned Engine::poll_turn() noexcept {
             if (Qp* qp = flows_[id]) qp->drain_events();
     }
     frames += stack_->poll();  // RX (run to completion): lwIP callbacks -> the QP's stream (or the CM during setup)
-    // TX: every QP with work, once. A QP that stays blocked schedules itself again.
-    const std::size_t n = tx_list_.size();
-    for (std::size_t i = 0; i < n; ++i) {
-        Qp* qp = tx_list_[i];
-        if (qp == nullptr) continue;  // destroyed while listed
-        qp->in_tx_list = false;
-        qp->tx_pump();
-    }
-    tx_list_.erase(tx_list_.begin(), tx_list_.begin() + static_cast<std::ptrdiff_t>(n));
+    pump_tx();
     // CM: pending closes at once, negotiation time limits once per millisecond. The check is one TSC read
     // (a steady_clock read costs ~50 ns on a VM: a quarter of an idle turn).
     if (const std::uint64_t tsc = rte_get_timer_cycles(); cm_work_ || tsc >= next_timer_tsc_) {
@@ -230,6 +222,23 @@ unsigned Engine::poll_turn() noexcept {
     }
     stack_->flush_tx();
     return frames;
+}
+
+void Engine::pump_tx() noexcept {
+    // Every QP with work, once. A QP that stays blocked schedules itself again.
+    const std::size_t n = tx_list_.size();
+    for (std::size_t i = 0; i < n; ++i) {
+        Qp* qp = tx_list_[i];
+        if (qp == nullptr) continue;  // destroyed while listed
+        qp->in_tx_list = false;
+        qp->tx_pump();
+    }
+    tx_list_.erase(tx_list_.begin(), tx_list_.begin() + static_cast<std::ptrdiff_t>(n));
+}
+
+void Engine::flush() noexcept {
+    pump_tx();
+    stack_->flush_tx();
 }
 
 bool Engine::run_until(const std::function<bool()>& done, std::chrono::milliseconds timeout) {
@@ -477,10 +486,12 @@ std::unique_ptr<CompletionQueue> Context::create_cq(std::uint32_t cqe) {
 }
 
 unsigned Context::poll() noexcept { return impl_->poll(); }
+void Context::flush() noexcept { impl_->flush(); }
 bool Context::run_until(const std::function<bool()>& done, std::chrono::milliseconds timeout) {
     return impl_->run_until(done, timeout);
 }
 std::optional<CmEvent> Context::get_cm_event() { return impl_->get_cm_event(); }
+bool Context::has_cm_event() const noexcept { return impl_->has_events(); }
 int Context::cm_fd() const noexcept { return impl_->cm_fd(); }
 bool Context::prepare_sleep() noexcept { return impl_->prepare_sleep(); }
 int Context::wake_fd() const noexcept { return impl_->wake_fd(); }

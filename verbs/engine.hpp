@@ -62,6 +62,7 @@ public:
     void check_open(const char* what) const;
 
     unsigned poll() noexcept;
+    void flush() noexcept;  // Context::flush
     // The calling thread runs the engine from now (the drop-in libraries serialize threads with their lock).
     void adopt_thread() noexcept {
         if (stack_) stack_->take_ownership();
@@ -122,6 +123,7 @@ public:
     bool has_events() const noexcept { return !events_.empty(); }
 
 private:
+    void pump_tx() noexcept;  // the TX part of a turn
     unsigned poll_turn() noexcept;
     struct PeerRecord {
         unsigned pending = 0;

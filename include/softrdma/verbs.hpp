@@ -595,6 +595,9 @@ public:
 
     // One turn: network RX and protocol, CM timers, TX for every QP with work. Returns frames received.
     unsigned poll() noexcept;
+    // Only the TX part of a turn: what was posted goes onto the wire now, nothing is received (a caller about
+    // to stop polling for a while; the drop-in's ibv_post_send).
+    void flush() noexcept;
     // Polls until done() or timeout; returns done().
     bool run_until(const std::function<bool()>& done, std::chrono::milliseconds timeout);
 
@@ -605,6 +608,8 @@ public:
     std::unique_ptr<CmId> connect(Ipv4 addr, std::uint16_t port, QueuePair& qp, const ConnParam& param);
     // The oldest CM event, if any (does not poll).
     std::optional<CmEvent> get_cm_event();
+    // Whether get_cm_event() would return one (cheap: for a check after every poll()).
+    bool has_cm_event() const noexcept;
     // Readable (eventfd) while CM events are queued: for epoll next to the CQs' fds.
     int cm_fd() const noexcept;
 

@@ -146,7 +146,7 @@ int op_poll_cq(ibv_cq* cq, int n, ibv_wc* wc) {
     if (rt == nullptr || n < 0) return -1;
     Guard g(*rt);
     rt->turn();
-    std::array<verbs::WorkCompletion, 32> buf;
+    auto& buf = of(cq)->scratch;
     int got = 0;
     while (got < n) {
         const std::size_t want = std::min<std::size_t>(buf.size(), static_cast<std::size_t>(n - got));
@@ -204,11 +204,13 @@ int op_post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
         const auto r = q->h->post_send({&s, 1});
         if (!r.ok()) {
             *bad = w;
-            rt->turn();  // what was posted before it goes out all the same
+            rt->flush();  // what was posted before it goes out all the same
             return wr_error(r.err);
         }
     }
-    rt->turn();  // out now: the application may not poll for a while
+    // Out now (the application may not poll for a while), before anything is received: receiving first would
+    // put a memif poll between the post and the wire on every ping-pong.
+    rt->flush();
     return 0;
 }
 

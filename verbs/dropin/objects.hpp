@@ -11,6 +11,7 @@
 #include <infiniband/verbs.h>
 #include <rdma/rdma_cma.h>
 
+#include <array>
 #include <memory>
 #include <vector>
 
@@ -34,6 +35,8 @@ struct Cq {
     std::unique_ptr<verbs::CompletionQueue> h;
     Channel* ch{nullptr};
     bool armed{false};
+    // ibv_poll_cq reads completions through this (under the lock), built once here rather than per call.
+    std::array<verbs::WorkCompletion, 16> scratch{};
 };
 struct Channel {
     ibv_comp_channel ch{};

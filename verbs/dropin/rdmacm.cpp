@@ -97,7 +97,7 @@ void fill_addr(Id* id, Runtime& rt) {
 // After every engine turn: the Context's CM events onto the channels of the ids they name.
 void after_turn() noexcept {
     Runtime* rt = Runtime::get();
-    if (rt == nullptr) return;
+    if (rt == nullptr || !rt->ctx().has_cm_event()) return;
     while (auto ev = rt->ctx().get_cm_event()) {
         try {
             if (ev->type == verbs::CmEventType::connect_request) {

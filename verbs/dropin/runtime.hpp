@@ -6,8 +6,11 @@
 // Progress. Stock programs only call verbs, never Context::poll(). So: every data-path call that can make
 // progress runs one engine turn (ibv_post_send / ibv_post_recv push the work out at once, ibv_poll_cq polls
 // the network before it reads the CQ), and every blocking call (ibv_get_cq_event, rdma_get_cm_event) polls
-// while it waits. A program that waits on a channel's fd with poll/epoll instead is served by the progress
-// thread, which runs a turn whenever no verbs call has for `progress_interval` (default 100 us).
+// while it waits. A program that waits on a channel's fd with poll/epoll, or spins on memory a peer writes, is
+// served by the progress thread: when no verbs call has turned since its last wake-up it turns itself, every
+// 8 us while its turns find frames (and 1 ms beyond), backing off to `progress_interval` (default 500 us)
+// while they do not or while the application's own calls turn (Runtime::progress_loop). It runs off the core
+// the engine is pinned to when the process may use another.
 //
 // Threads. libibverbs promises thread safety (rping runs its CM, CQ and main threads on one context); the
 // engine is single-threaded. One mutex serializes every call into the engine; the thread holding it becomes
@@ -36,7 +39,8 @@ namespace softrdma::dropin {
 // when nothing is configured at all.
 struct Settings {
     verbs::ContextConfig context;
-    std::chrono::microseconds progress_interval{100};
+    // The longest gap between the progress thread's turns (key progress_interval_us; 0: no progress thread).
+    std::chrono::microseconds progress_interval{500};
     // rdma_connect asks for RFC 6581 peer-to-peer mode (an RTR from the initiator), as the iWARP RNIC drivers
     // do by default (cxgb4's peer2peer=1): without it a responder may not send before the initiator has
     // (RFC 5044 section 7.1.2), and programs whose server speaks first (ucmatose, perftest's servers) stall.
@@ -54,7 +58,10 @@ class Runtime {
 public:
     // The process's runtime; opens the Context on first use. nullptr (with errno set and one message on
     // stderr, the first time) when it cannot.
-    static Runtime* get() noexcept;
+    static Runtime* get() noexcept {
+        if (Runtime* rt = instance_.load(std::memory_order_acquire)) return rt;
+        return open();
+    }
     // Whether a configuration exists at all (the device list is empty without one).
     static bool configured() noexcept;
 
@@ -63,6 +70,7 @@ public:
     // Under lock(): makes the calling thread the engine's thread for this call, then one turn.
     void adopt() noexcept;
     unsigned turn() noexcept;
+    void flush() noexcept;  // the TX part of a turn (Context::flush), then the hooks
     const Settings& settings() const noexcept { return settings_; }
     void shutdown() noexcept;
     // Work each library does after every turn, under the lock: libibverbs turns CQ events into channel events,
@@ -77,6 +85,11 @@ public:
     }
 
 private:
+    static Runtime* open() noexcept;
+    // Never freed: other threads may still be inside a verbs call at exit. Read without a lock on every verbs
+    // call (acquire: the Runtime it names is fully built); written once, under the opening lock.
+    static std::atomic<Runtime*> instance_;
+
     explicit Runtime(const Settings& s);
     void progress_loop();
 
@@ -88,6 +101,11 @@ private:
     std::unique_ptr<std::thread> progress_;
     std::array<Hook, 2> hooks_{};
 };
+
+// The shortest gap between the progress thread's turns, while its turns keep finding frames (runtime.cpp).
+inline constexpr std::chrono::microseconds kMinProgressGap{8};
+// How long after its last turn that found frames the progress thread keeps that shortest gap.
+inline constexpr std::chrono::milliseconds kProgressHotWindow{1};
 
 // Holds the runtime's lock and adopts the engine for the calling thread.
 class Guard {
