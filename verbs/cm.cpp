@@ -209,6 +209,7 @@ bool Conn::accept(QueuePair& qp, const ConnParam& param) {
     qp_handle_ = &qp;
     q.bind(*this);
     rfc7306_ = param.rfc7306;
+    responder_grace_ = param.responder_grace;
     write_negotiation_output();  // the reply goes into TCP before any FPDU of the QP
     go_rdma(resp_->agreed());
     emit(CmEventType::established);
@@ -428,6 +429,12 @@ void Conn::go_rdma(const mpa::Agreed& agreed) {
     stream_owned_ = true;  // the QP's stream holds the TCP callbacks from here
     guarding_ = initiator_ && guard_.mode != FirstFpduGuard::Mode::off && ini_->outcome() == mpa::Outcome::agreed;
     hold_until_ = mpa::Clock::now() + guard_.delay;
+    // A responder held to the RFC's gate (no peer-to-peer): opened by the initiator's first FPDU, or by the
+    // grace (ConnParam::responder_grace) for a server that speaks first.
+    if (!initiator_ && agreed.responder_waits_for_first_fpdu && responder_grace_.count() > 0) {
+        guarding_ = true;
+        hold_until_ = mpa::Clock::now() + responder_grace_;
+    }
     first_tx_at_.reset();
     nudges_sent_ = 0;
     nudge_step_ = 0;
@@ -455,6 +462,15 @@ void Conn::go_rdma(const mpa::Agreed& agreed) {
 void Conn::guard_first_fpdu(mpa::Clock::time_point now) {
     if (phase_ != Phase::rdma || qp_ == nullptr || (qp_->state() != QpState::rts && !deferred_term_)) {
         guarding_ = false;
+        return;
+    }
+    if (!initiator_) {  // the responder's grace (go_rdma); the initiator's first FPDU opens the gate itself
+        if (qp_->peer_spoke()) {
+            guarding_ = false;
+        } else if (now >= hold_until_) {
+            qp_->release_first_fpdu();
+            guarding_ = false;
+        }
         return;
     }
     if (guard_.mode == FirstFpduGuard::Mode::hold) {

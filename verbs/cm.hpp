@@ -125,8 +125,9 @@ private:
     std::uint16_t ord_{0};
     bool close_pending_{false};  // close TCP in the poll stage (after this turn's RecvBuffer reopened the window)
     bool rfc7306_{false};        // ConnParam::rfc7306 of our side (connect, or accept)
-    // First-FPDU guard (initiator in RDMA mode; cm.cpp "The accept window").
+    // First-FPDU guard (initiator in RDMA mode; cm.cpp "The accept window"), and the responder's grace.
     FirstFpduGuard guard_{};
+    std::chrono::milliseconds responder_grace_{0};  // ConnParam::responder_grace, set by accept()
     bool guarding_{false};
     std::optional<mpa::Clock::time_point> first_tx_at_;  // when our first FPDU reached TCP
     mpa::Clock::time_point last_tx_seen_{};              // last poll stage that saw our TX advance

@@ -448,6 +448,13 @@ struct ConnParam {
     bool rfc7306{false};
     // connect: the first FPDU against a responder's accept window (see FirstFpduGuard).
     FirstFpduGuard first_fpdu{};
+    // accept, without peer-to-peer mode: RFC 5044 section 7.1.2 has the responder send no FPDU before the
+    // initiator's first one. A server that speaks first (perftest's ib_write_lat server: its client waits on
+    // memory) would wait forever on an initiator that waits too, as Linux siw's initiator does, so the
+    // responder's first FPDU goes this long after the MPA reply if the initiator has not spoken by then. Not
+    // sooner: siw as initiator takes bytes in the same read as the reply for a protocol error. 0 = the RFC's
+    // rule without exception (wait for the initiator however long). Peer-to-peer mode needs none of this.
+    std::chrono::milliseconds responder_grace{10};
     // connect: how long to wait for the MPA reply (siw: 10 s); listen defaults: for the request (siw: 5 s).
     std::chrono::milliseconds mpa_timeout{0};  // 0 = those defaults
     // connect: a TCP connect refused (nothing listens on the port yet: a server still starting, as when two

@@ -129,6 +129,65 @@ TEST_CASE("peer-to-peer: the RTR lets the responder send first", "[verbs][memif]
     check_outcomes(run_pair(server, client));
 }
 
+// Without peer-to-peer the responder may not send before the initiator (RFC 5044 section 7.1.2). A server that
+// speaks first while its client waits (perftest's ib_write_lat) gets ConnParam::responder_grace: its SEND goes
+// that long after the reply. With the grace off it waits for the initiator's first FPDU, then goes.
+TEST_CASE("a responder that speaks first without peer-to-peer: sent after the grace, or held for the initiator",
+          "[verbs][memif]") {
+    for (const bool grace : {true, false}) {
+        SECTION(grace ? "grace 30 ms" : "grace off") {
+            auto server = [grace](const PeerConfig& cfg) {
+                Peer p(cfg, 4096, verbs::access::local_write);
+                p.post_recv(1, 0, 64);
+                p.conn.responder_grace = grace ? 30ms : 0ms;
+                p.serve();
+                std::memcpy(p.buf.data() + 1024, "server speaks first", 19);
+                const verbs::Sge s = p.mr->sge(1024, 19);
+                p.post_send({.wr_id = 2, .opcode = verbs::WrOpcode::send, .send_flags = verbs::send_flags::signaled,
+                             .sg_list = {&s, 1}});
+                auto wc = p.wait_wc(2);  // our SEND, the client's answer: in either order
+                const auto& snd = wc[0].opcode == WcOpcode::send ? wc[0] : wc[1];
+                const auto& rcv = wc[0].opcode == WcOpcode::send ? wc[1] : wc[0];
+                Peer::expect(snd, WcStatus::success, WcOpcode::send, 2);
+                Peer::expect(rcv, WcStatus::success, WcOpcode::recv, 1);
+                return p.end(0);
+            };
+            auto client = [grace](const PeerConfig& cfg) {
+                Peer p(cfg, 4096, verbs::access::local_write);
+                p.post_recv(1, 0, 64);
+                p.connect(/*p2p=*/false);
+                const auto established = std::chrono::steady_clock::now();
+                std::array<verbs::WorkCompletion, 2> wc;
+                std::size_t got = 0;
+                // Grace off: nothing may arrive while we stay silent (300 ms); grace on: the SEND comes.
+                p.ctx->run_until([&] { return (got = p.cq->poll(wc)) != 0; }, grace ? kWait : 300ms);
+                const auto waited = std::chrono::steady_clock::now() - established;
+                if (grace) {
+                    if (got != 1) throw std::runtime_error("the server's SEND did not come after the grace");
+                    // The reply left 30 ms before the SEND could: it cannot arrive much sooner after established.
+                    if (waited < 15ms) throw std::runtime_error("the SEND came before the grace was over");
+                } else if (got != 0) {
+                    throw std::runtime_error("the responder sent before the initiator's first FPDU");
+                }
+                p.post_send({.wr_id = 3, .opcode = verbs::WrOpcode::send, .send_flags = verbs::send_flags::signaled});
+                if (grace) {
+                    Peer::expect(wc[0], WcStatus::success, WcOpcode::recv, 1);
+                    Peer::expect(p.wait_wc(1)[0], WcStatus::success, WcOpcode::send, 3);
+                } else {  // our first FPDU opened the responder's gate: its SEND follows
+                    auto two = p.wait_wc(2);
+                    const bool recv_first = two[0].opcode == WcOpcode::recv;
+                    Peer::expect(recv_first ? two[0] : two[1], WcStatus::success, WcOpcode::recv, 1);
+                    Peer::expect(recv_first ? two[1] : two[0], WcStatus::success, WcOpcode::send, 3);
+                }
+                if (std::memcmp(p.buf.data(), "server speaks first", 19) != 0) throw std::runtime_error("SEND content");
+                report(std::string("server's first SEND ") + (grace ? "after the grace" : "after our first FPDU"));
+                return p.end(0);
+            };
+            check_outcomes(run_pair(server, client));
+        }
+    }
+}
+
 TEST_CASE("connect to a port nobody listens on: unreachable, receives flushed", "[verbs][memif]") {
     auto server = [](const PeerConfig& cfg) {
         Peer p(cfg, 64, verbs::access::local_write);
