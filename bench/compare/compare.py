@@ -307,6 +307,76 @@ def measure_softrdma(a, out):
     return {"runs": res, "errors": errors, "mtu": a.mtu, "threading": a.threading}
 
 
+# ---- 4. stock perftest through the drop-in libraries ---------------------------------------------------
+
+
+def parse_perftest(kind, text, log):
+    """The results line under perftest's header: lat -> t_typical (5th column) and p99 (8th); bw -> BW average
+    (MiB/s, 4th) and message rate (Mpps, 5th)."""
+    m = re.search(r"#bytes[^\n]*\n\s*(\d+(?:\s+[\d.]+)+)", text)
+    if not m:
+        raise MeasureError(f"no results line in the perftest output (log: {log})")
+    v = [float(x) for x in m.group(1).split()]
+    if kind == "lat":
+        if len(v) < 8:
+            raise MeasureError(f"short latency line {m.group(1)!r} (log: {log})")
+        return {"bytes": int(v[0]), "t_typical_us": v[4], "p99_us": v[7]}
+    if len(v) < 5:
+        raise MeasureError(f"short bandwidth line {m.group(1)!r} (log: {log})")
+    return {"bytes": int(v[0]), "bw_avg_mib_s": v[3], "msg_rate_mpps": v[4]}
+
+
+def measure_perftest(a, out):
+    """Debian's perftest binaries, unmodified, under softrdma-run: two processes over memif (server on core
+    0, client on core 1, as rdma_perf --local), rdma_cm (-R). The same rows as rdma_perf's."""
+    launcher = os.path.join(a.build, "verbs/dropin/softrdma-run")
+    if not os.access(launcher, os.X_OK):
+        raise MeasureError(f"not measured: {launcher} is not built")
+    missing = [t for t in ("ib_send_lat", "ib_read_lat", "ib_write_bw", "ib_send_bw") if shutil.which(t) is None]
+    if missing:
+        raise MeasureError("not measured: perftest is not installed (scripts/setup installs it): " + ", ".join(missing))
+    q = a.quick
+    n_lat = "1000" if q else "10000"
+    plan = [
+        ("send-lat", "lat", ["ib_send_lat", "-R", "-s", "64", "-n", n_lat]),
+        ("read-lat", "lat", ["ib_read_lat", "-R", "-s", "64", "-n", n_lat]),
+        ("write-bw", "bw", ["ib_write_bw", "-R", "-s", "65536", "-n", "2000" if q else "20000"]),
+        ("send-bw", "bw", ["ib_send_bw", "-R", "-s", "64", "-n", "100000" if q else "1000000"]),
+    ]
+    threading_mode = "rx_thread" if a.threading == "rx-thread" else "run_to_completion"
+    res, errors = {}, []
+    for name, kind, prog in plan:
+        sock = os.path.join(out, "raw", f"perftest-{name}.sock")
+        common = ["--memif", sock, "--mtu", str(a.mtu), "--threading", threading_mode]
+        slog = os.path.join(out, "raw", f"perftest-{name}.server.log")
+        clog = os.path.join(out, "raw", f"perftest-{name}.log")
+        with open(slog, "w") as sl:
+            server = subprocess.Popen([launcher] + common + ["--memif-role", "server", "--ip", "198.18.0.1",
+                                                             "--lcores", "0"] + prog,
+                                      stdout=sl, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            time.sleep(0.5)
+            text = run([launcher] + common + ["--memif-role", "client", "--ip", "198.18.0.2", "--lcores", "1"] +
+                       prog + ["198.18.0.1"], 120 if q else 400, clog)
+            try:
+                server.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                pass
+            r = parse_perftest(kind, text, clog)
+            res[name] = {"test": prog[0], "kind": kind, "results": {r["bytes"]: r}}
+        except MeasureError as e:
+            errors.append(f"{name}: {e}")
+        finally:
+            kill_tree(server)
+            try:
+                os.unlink(sock)
+            except OSError:
+                pass
+    if not res:
+        raise MeasureError("; ".join(errors))
+    return {"runs": res, "errors": errors, "mtu": a.mtu, "threading": a.threading}
+
+
 # ---- the table ----------------------------------------------------------------------------------------
 
 def pick(entries, size, key, mtu=None):
@@ -331,8 +401,9 @@ def soft(s, run_name, size, key):
     return float(v) if isinstance(v, (int, float)) else None
 
 
-def build_rows(floor, kernel, softrdma, mtu):
-    """The table rows: (key, label, unit, better, floor, kernel, softrdma). better: 'lower' or 'higher'."""
+def build_rows(floor, kernel, softrdma, mtu, perftest=None):
+    """The table rows: (key, label, unit, better, floor, kernel, softrdma, perftest). better: 'lower' or
+    'higher'. perftest: stock perftest through the drop-in libraries, same rows."""
     fl_lat = floor["lat"] if floor else None
     fl_bw = floor["bw"] if floor else None
     k_lat = kernel["lat"] if kernel else None
@@ -341,22 +412,25 @@ def build_rows(floor, kernel, softrdma, mtu):
     return [
         ("half_rtt_64", "64 B half round trip, median (SEND ping-pong)", "us", "lower",
          pick(fl_lat, 64, "half_rtt_median_us"), pick(k_lat, 64, "half_rtt_median_us"),
-         soft(softrdma, "send-lat", 64, "t_typical_us")),
+         soft(softrdma, "send-lat", 64, "t_typical_us"),
+         soft(perftest, "send-lat", 64, "t_typical_us")),
         ("half_rtt_64_kspin", "64 B half round trip, median, kernel TCP busy-polling", "us", "lower",
          pick(fl_lat, 64, "half_rtt_median_us"), pick((kernel or {}).get("lat_spin"), 64, "half_rtt_median_us"),
-         soft(softrdma, "send-lat", 64, "t_typical_us")),
+         soft(softrdma, "send-lat", 64, "t_typical_us"),
+         soft(perftest, "send-lat", 64, "t_typical_us")),
         ("half_rtt_64_p99", "64 B half round trip, p99", "us", "lower",
          pick(fl_lat, 64, "half_rtt_p99_us"), pick(k_lat, 64, "half_rtt_p99_us"),
-         soft(softrdma, "send-lat", 64, "p99_us")),
+         soft(softrdma, "send-lat", 64, "p99_us"), soft(perftest, "send-lat", 64, "p99_us")),
         ("read_lat_64", "64 B READ latency, median (full round trip)", "us", "lower",
          pick(fl_lat, 64, "rtt_median_us"), pick(k_lat, 64, "rtt_median_us"),
-         soft(softrdma, "read-lat", 64, "t_typical_us")),
+         soft(softrdma, "read-lat", 64, "t_typical_us"), soft(perftest, "read-lat", 64, "t_typical_us")),
         ("bw_64k", f"64 KiB bandwidth (WRITE; floor: {frame} B frames)", "GB/s", "higher",
          pick(fl_bw, frame, "gb_s"), pick(k_bw, 65536, "gb_s"),
-         mib_s_to_gb_s(soft(softrdma, "write-bw", 65536, "bw_avg_mib_s"))),
+         mib_s_to_gb_s(soft(softrdma, "write-bw", 65536, "bw_avg_mib_s")),
+         mib_s_to_gb_s(soft(perftest, "write-bw", 65536, "bw_avg_mib_s"))),
         ("msg_rate_64", "64 B message rate (SEND; floor: 64 B frames)", "M msg/s", "higher",
          pick(fl_bw, 64, "mpps"), pick(k_bw, 64, "mmsg_s"),
-         soft(softrdma, "send-bw", 64, "msg_rate_mpps")),
+         soft(softrdma, "send-bw", 64, "msg_rate_mpps"), soft(perftest, "send-bw", 64, "msg_rate_mpps")),
     ]
 
 
@@ -380,11 +454,12 @@ def fmt(v):
 
 def render(rows, status, meta):
     head = ["", "unit", "raw memif floor", "kernel TCP (veth)", "softrdma", "softrdma / floor",
-            "softrdma vs kernel TCP"]
+            "softrdma vs kernel TCP", "stock perftest on softrdma"]
     body = []
-    for _key, label, unit, better, f, k, s in rows:
+    for _key, label, unit, better, f, k, s, pt in rows:
         r = ratio(s, f)
-        body.append([label, unit, fmt(f), fmt(k), fmt(s), f"{r:.2f}" if r is not None else "-", versus(s, k, better)])
+        body.append([label, unit, fmt(f), fmt(k), fmt(s), f"{r:.2f}" if r is not None else "-", versus(s, k, better),
+                     fmt(pt)])
     widths = [max(len(str(x[i])) for x in [head] + body) for i in range(len(head))]
     text = "\n".join("  ".join(str(c).ljust(w) for c, w in zip(line, widths)) for line in [head] + body)
     md = ["| " + " | ".join(head) + " |", "|" + "|".join(" --- " for _ in head) + "|"]
@@ -398,7 +473,9 @@ def render(rows, status, meta):
     notes.append("- medians from this run; latency lower is better, bandwidth and message rate higher is better; "
                  "the floor is io/ alone (no stack); kernel TCP is TCP_NODELAY sockets between two namespaces on a "
                  "veth pair, blocking in recv() except in the busy-polling row (recv(MSG_DONTWAIT) at both ends); "
-                 "softrdma busy-polls (rdma_perf)")
+                 "softrdma busy-polls (rdma_perf); the last column is Debian's perftest (ib_send_lat, "
+                 "ib_read_lat, ib_write_bw, ib_send_bw -R), unmodified, through softrdma's drop-in "
+                 "libibverbs/librdmacm (softrdma-run), on the same memif path")
     return text, "\n".join(md), notes
 
 
@@ -493,7 +570,7 @@ def main(argv=None):
     p.add_argument("--out", help="output directory (default results/compare-<date>-<time>/)")
     p.add_argument("--build", default=os.environ.get("SOFTRDMA_BUILD", "build"), help="meson build directory")
     p.add_argument("--source", default=top, help=argparse.SUPPRESS)
-    p.add_argument("--skip", action="append", default=[], choices=["floor", "kernel", "softrdma"],
+    p.add_argument("--skip", action="append", default=[], choices=["floor", "kernel", "softrdma", "perftest"],
                    help="leave a system out (repeatable)")
     p.add_argument("--mtu", type=int, default=1500, choices=[1500, 9000], help="MTU of the veth pair and of rdma_perf")
     p.add_argument("--threading", default="rtc", choices=["rtc", "rx-thread"], help="rdma_perf --threading")
@@ -516,8 +593,9 @@ def main(argv=None):
     meta = {"when": now.strftime("%Y-%m-%d %H:%M UTC"), "host": os.uname().nodename, "cpus": os.cpu_count(),
             "commit": source_revision(a.source),
             "load_start": os.getloadavg()[0], "quick": a.quick, "mtu": a.mtu, "threading": a.threading}
-    results, status = {"floor": None, "kernel": None, "softrdma": None}, {}
-    parts = [("floor", measure_floor), ("kernel", measure_kernel), ("softrdma", measure_softrdma)]
+    results, status = {"floor": None, "kernel": None, "softrdma": None, "perftest": None}, {}
+    parts = [("floor", measure_floor), ("kernel", measure_kernel), ("softrdma", measure_softrdma),
+             ("perftest", measure_perftest)]
     try:
         remove_stale_namespaces() if "kernel" not in a.skip else None
         for name, fn in parts:  # one system at a time: each one uses both cores
@@ -531,7 +609,7 @@ def main(argv=None):
                 status[name] = "ok"
                 if name == "floor" and results[name].get("retried"):
                     status[name] = "ok after one retry: " + "; ".join(results[name]["retried"])
-                if name == "softrdma" and results[name]["errors"]:
+                if name in ("softrdma", "perftest") and results[name]["errors"]:
                     status[name] = "partly measured: " + "; ".join(results[name]["errors"])
             except MeasureError as e:
                 status[name] = str(e)
@@ -541,7 +619,7 @@ def main(argv=None):
         return 130
     meta["load_end"] = os.getloadavg()[0]
 
-    rows = build_rows(results["floor"], results["kernel"], results["softrdma"], a.mtu)
+    rows = build_rows(results["floor"], results["kernel"], results["softrdma"], a.mtu, results["perftest"])
     text, md, notes = render(rows, status, meta)
     title = f"softrdma vs raw memif floor vs kernel TCP ({meta['when']}{', quick' if a.quick else ''})"
     problem = plot(series(results["floor"], results["kernel"], results["softrdma"]), out, title)
@@ -553,8 +631,9 @@ def main(argv=None):
         f.write(f"# {title}\n\n{md}\n\n" + "\n".join(notes) + "\n" + ("" if problem else "\n![plot](compare.png)\n"))
     doc = {"meta": meta, "status": status,
            "rows": [{"key": key, "label": l, "unit": u, "better": b, "floor": fl, "kernel_tcp": k, "softrdma": s,
-                     "softrdma_over_floor": ratio(s, fl), "softrdma_over_kernel_tcp": ratio(s, k)}
-                    for key, l, u, b, fl, k, s in rows],
+                     "softrdma_over_floor": ratio(s, fl), "softrdma_over_kernel_tcp": ratio(s, k),
+                     "stock_perftest_on_softrdma": pt}
+                    for key, l, u, b, fl, k, s, pt in rows],
            "raw": results}
     with open(os.path.join(out, "compare.json"), "w") as f:
         json.dump(doc, f, indent=1, default=str)

@@ -63,20 +63,42 @@ kernel = {"lat": [{"bytes": 64, "half_rtt_median_us": 21.0, "half_rtt_p99_us": 4
 rows = compare.build_rows(floor, kernel, soft, 1500)
 by = {r[0]: r[1:] for r in rows}
 r = by["half_rtt_64"]
-check(r[3:] == (1.05, 21.0, 5.25), "64 B half-RTT row takes floor/kernel medians and rdma_perf t_typical")
+check(r[3:6] == (1.05, 21.0, 5.25) and r[6] is None, "64 B half-RTT row takes floor/kernel medians and rdma_perf t_typical")
 check(abs(compare.ratio(r[5], r[3]) - 5.0) < 1e-9 and compare.versus(r[5], r[4], r[2]) == "4.00x better",
       "latency ratios: softrdma/floor 5.00, 4.00x better than kernel TCP")
-check(by["half_rtt_64_p99"][3:] == (2.0, 40.0, 9.5), "p99 row takes the p99 figures")
-check(by["half_rtt_64_kspin"][3:] == (1.05, 6.5, 5.25), "busy-polling row takes the kernel's spinning ping-pong")
+check(by["half_rtt_64_p99"][3:6] == (2.0, 40.0, 9.5), "p99 row takes the p99 figures")
+check(by["half_rtt_64_kspin"][3:6] == (1.05, 6.5, 5.25), "busy-polling row takes the kernel's spinning ping-pong")
 check(compare.build_rows(floor, {"lat": kernel["lat"], "bw": kernel["bw"]}, None, 1500)[1][5] is None,
       "a kernel result without the busy-polling run leaves that cell empty")
 r = by["bw_64k"]
 check(abs(r[5] - 0.8) < 1e-9 and r[3] == 1.6 and compare.versus(r[5], r[4], r[2]) == "2.00x better",
       "64 KiB bandwidth row: MiB/s -> GB/s (762.94 MiB/s = 0.8 GB/s), floor at 1500 B frames, 2.00x better")
 r = by["read_lat_64"]
-check(r[3:] == (2.1, 42.0, 11.0), "READ row compares full round trips")
+check(r[3:6] == (2.1, 42.0, 11.0), "READ row compares full round trips")
 r = by["msg_rate_64"]
-check(r[3:] == (5.0, 0.25, 0.5), "message-rate row: floor Mpps, kernel M msg/s, rdma_perf msg_rate_mpps")
+check(r[3:6] == (5.0, 0.25, 0.5), "message-rate row: floor Mpps, kernel M msg/s, rdma_perf msg_rate_mpps")
+# Stock perftest's output (as Debian's ib_send_lat / ib_write_bw print it) and its column.
+lat_out = """ #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec] 
+ 64      1000          1.18           828.82       1.33     	       1.74        	2.31   		11.10   		17.67  
+"""
+bw_out = """ #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]
+ 65536      2000             927.85             762.94 		   0.012207
+"""
+check(compare.parse_perftest("lat", lat_out, "-") == {"bytes": 64, "t_typical_us": 1.33, "p99_us": 11.10},
+      "perftest latency line: t_typical and 99 % percentile")
+check(compare.parse_perftest("bw", bw_out, "-") == {"bytes": 65536, "bw_avg_mib_s": 762.94, "msg_rate_mpps": 0.012207},
+      "perftest bandwidth line: BW average and message rate")
+try:
+    compare.parse_perftest("lat", "Couldn't connect to 198.18.0.1:18515\n", "-")
+    check(False, "perftest output without results rejected")
+except compare.MeasureError:
+    check(True, "perftest output without results rejected")
+pt = {"runs": {"send-lat": {"results": {64: compare.parse_perftest("lat", lat_out, "-")}},
+               "write-bw": {"results": {65536: compare.parse_perftest("bw", bw_out, "-")}}}}
+by_pt = {r[0]: r[1:] for r in compare.build_rows(floor, kernel, soft, 1500, pt)}
+check(by_pt["half_rtt_64"][6] == 1.33 and by_pt["half_rtt_64_p99"][6] == 11.10 and
+      abs(by_pt["bw_64k"][6] - 0.8) < 1e-4 and by_pt["read_lat_64"][6] is None,
+      "perftest column: t_typical, p99, BW average in GB/s; a program not run leaves its cell empty")
 check(compare.versus(2.0, 1.0, "lower") == "2.00x worse" and compare.versus(None, 1.0, "lower") == "-",
       "versus() words 'worse' and missing values")
 
@@ -89,7 +111,7 @@ out = os.path.join(build, "compare-test-out")
 shutil.rmtree(out, ignore_errors=True)
 t0 = time.monotonic()
 p = subprocess.run([os.path.join(src, "scripts", "compare"), "--quick", "--no-build", "--build", build, "--out", out],
-                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=170)
+                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=260)
 print(p.stdout)
 check(p.returncode == 0, f"scripts/compare --quick exits 0 (took {time.monotonic() - t0:.1f} s)")
 try:
@@ -111,6 +133,11 @@ for label, r in rows.items():
     for col in ("floor", "kernel_tcp") + (("softrdma",) if st.get("softrdma") == "ok" else ()):
         v = r[col]
         check(isinstance(v, (int, float)) and v > 0 and v < 1e6, f"{label}: {col} = {v} is a positive figure")
+if shutil.which("ib_send_lat") and os.access(os.path.join(build, "verbs", "dropin", "softrdma-run"), os.X_OK):
+    check(st.get("perftest") == "ok", f"stock perftest measured through the drop-in: {st.get('perftest')}")
+    for key in ("half_rtt_64", "read_lat_64", "bw_64k", "msg_rate_64"):
+        v = rows[key]["stock_perftest_on_softrdma"]
+        check(isinstance(v, (int, float)) and 0 < v < 1e6, f"{key}: stock perftest figure {v}")
 lat, rd = rows["half_rtt_64"], rows["read_lat_64"]
 check(lat["floor"] < lat["kernel_tcp"], f"floor 64 B half-RTT {lat['floor']} us < kernel TCP {lat['kernel_tcp']} us")
 check(rd["floor"] < rd["kernel_tcp"], f"floor 64 B round trip {rd['floor']} us < kernel TCP {rd['kernel_tcp']} us")
