@@ -204,13 +204,11 @@ int op_post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
         const auto r = q->h->post_send({&s, 1});
         if (!r.ok()) {
             *bad = w;
-            rt->flush();  // what was posted before it goes out all the same
+            rt->flush_post();  // what was posted before it goes out all the same
             return wr_error(r.err);
         }
     }
-    // Out now (the application may not poll for a while), before anything is received: receiving first would
-    // put a memif poll between the post and the wire on every ping-pong.
-    rt->flush();
+    rt->flush_post();
     return 0;
 }
 

@@ -232,6 +232,7 @@ void Runtime::shutdown() noexcept {
 void Runtime::adopt() noexcept { ctx_->impl().adopt_thread(); }
 
 unsigned Runtime::turn() noexcept {
+    posted_since_turn_ = false;
     // Under the lock: only one thread writes it (no locked add); the progress thread only reads.
     turns_.store(turns_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
     const unsigned frames = ctx_->poll();

@@ -71,6 +71,15 @@ public:
     void adopt() noexcept;
     unsigned turn() noexcept;
     void flush() noexcept;  // the TX part of a turn (Context::flush), then the hooks
+    // After ibv_post_send. The first post since the last turn goes onto the wire at once (a ping-pong's
+    // message: the application may not poll for a while, and receiving first would put a memif poll between
+    // the post and the wire); further posts before the next turn wait for it (ibv_poll_cq, a blocking call or
+    // the progress thread), so a stream of posts leaves in full segments rather than one frame per message.
+    void flush_post() noexcept {
+        if (posted_since_turn_) return;
+        posted_since_turn_ = true;
+        flush();
+    }
     const Settings& settings() const noexcept { return settings_; }
     void shutdown() noexcept;
     // Work each library does after every turn, under the lock: libibverbs turns CQ events into channel events,
@@ -97,6 +106,7 @@ private:
     std::unique_ptr<verbs::Context> ctx_;
     std::mutex mu_;
     std::atomic<std::uint64_t> turns_{0};
+    bool posted_since_turn_{false};  // under the lock
     std::atomic<bool> stop_{false};
     std::unique_ptr<std::thread> progress_;
     std::array<Hook, 2> hooks_{};
