@@ -158,6 +158,11 @@ void TcpConnection::set_keepalive(std::chrono::milliseconds idle, std::chrono::m
     pcb_->keep_cnt = probes;
 }
 
+std::optional<std::uint32_t> TcpConnection::oldest_unacked() const noexcept {
+    if (pcb_ == nullptr || pcb_->unacked == nullptr) return std::nullopt;
+    return pcb_->lastack;
+}
+
 static_assert(static_cast<u8_t>(TcpPriority::expendable) == TCP_PRIO_MIN);
 static_assert(static_cast<u8_t>(TcpPriority::normal) == TCP_PRIO_NORMAL);
 static_assert(static_cast<u8_t>(TcpPriority::vital) == TCP_PRIO_MAX);

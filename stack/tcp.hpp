@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 
 #include "stack/stack.hpp"
@@ -111,6 +112,8 @@ public:
     // would wait forever): after `idle` without traffic, probe every `interval`; after `probes` unanswered
     // probes the connection ends with on_error(timed_out).
     void set_keepalive(std::chrono::milliseconds idle, std::chrono::milliseconds interval, unsigned probes) noexcept;
+    // The sequence number of the oldest byte sent and not yet acknowledged; nullopt when nothing is in flight.
+    std::optional<std::uint32_t> oldest_unacked() const noexcept;
     // lwIP's priority for this connection (TcpPriority); new ones start at normal.
     void set_priority(TcpPriority p) noexcept;
 

@@ -51,6 +51,21 @@ std::string TerminateInfo::describe() const {
     return buf;
 }
 
+const char* to_string(AsyncEventType t) noexcept {
+    switch (t) {
+    case AsyncEventType::srq_limit_reached: return "SRQ limit reached";
+    case AsyncEventType::qp_fatal: return "QP fatal error";
+    case AsyncEventType::qp_req_err: return "QP invalid request error";
+    case AsyncEventType::qp_access_err: return "QP access error";
+    }
+    return "?";
+}
+
+std::string AsyncEvent::describe() const {
+    if (type == AsyncEventType::srq_limit_reached) return to_string(type);
+    return std::string(to_string(type)) + " on QP " + std::to_string(qp_num) + ": " + term.describe();
+}
+
 }  // namespace softrdma::verbs
 
 namespace softrdma::verbs::detail {
@@ -135,6 +150,7 @@ Conn::Conn(Engine& engine, stack::Ipv4 addr, std::uint16_t port, QueuePair& qp, 
     if (param.mpa_timeout.count() > 0) nc.reply_timeout = param.mpa_timeout;
     ini_.emplace(nc);
     rfc7306_ = param.rfc7306;
+    liveness_ = param.liveness;
     guard_ = param.first_fpdu;
     phase_ = Phase::connecting;
     addr_ = addr;
@@ -210,6 +226,7 @@ bool Conn::accept(QueuePair& qp, const ConnParam& param) {
     q.bind(*this);
     rfc7306_ = param.rfc7306;
     responder_grace_ = param.responder_grace;
+    liveness_ = param.liveness;
     write_negotiation_output();  // the reply goes into TCP before any FPDU of the QP
     go_rdma(resp_->agreed());
     emit(CmEventType::established);
@@ -324,9 +341,44 @@ void Conn::on_tcp_error(stack::TcpError e) {
     switch (phase_) {
     case Phase::connecting: finish(unreachable ? CmEventType::unreachable : CmEventType::error, reason); break;
     case Phase::negotiating: finish(CmEventType::error, reason, /*quiet=*/!initiator_); break;
-    case Phase::request:
-    case Phase::rdma: finish(CmEventType::disconnected, reason); break;
+    case Phase::request: finish(CmEventType::disconnected, reason); break;
+    case Phase::rdma:
+        // lwIP gave up: keepalive probes unanswered, or its retransmission limit (ConnParam::liveness).
+        if (e == stack::TcpError::timed_out) {
+            char why[200];
+            std::snprintf(why, sizeof why,
+                          "peer not responding: TCP keepalive (%u probes, %lld ms apart, after %lld ms idle) or "
+                          "retransmissions went unanswered",
+                          liveness_.keepalive_probes, static_cast<long long>(liveness_.keepalive_interval.count()),
+                          static_cast<long long>(liveness_.keepalive_idle.count()));
+            finish(CmEventType::disconnected, why, false, WcStatus::retry_exc_err);
+        } else {
+            finish(CmEventType::disconnected, reason);
+        }
+        break;
     case Phase::closed: break;
+    }
+}
+
+void Conn::peer_dead(const std::string& why) {
+    log::warn("CM {}: {}", peer_, why);
+    if (tcp_) tcp_->abort();  // RST (if it gets there); nothing lingers retransmitting to a dead peer
+    finish(CmEventType::disconnected, why, false, WcStatus::retry_exc_err);
+}
+
+// ConnParam::liveness.user_timeout, from the poll stage (once a millisecond): the oldest unacknowledged byte
+// must move within the limit. Time without poll stages (the application away) restarts the clock.
+void Conn::check_user_timeout(mpa::Clock::time_point now) {
+    if (now - last_check_ > std::chrono::milliseconds(100)) una_since_ = now;
+    last_check_ = now;
+    const std::optional<std::uint32_t> una = tcp_->oldest_unacked();
+    if (una != una_) {
+        una_ = una;
+        una_since_ = now;
+    } else if (una && now - una_since_ >= liveness_.user_timeout) {
+        peer_dead("peer not responding: data unacknowledged for " +
+                  std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(now - una_since_).count()) +
+                  " ms (user timeout " + std::to_string(liveness_.user_timeout.count()) + " ms)");
     }
 }
 
@@ -420,6 +472,14 @@ void Conn::go_rdma(const mpa::Agreed& agreed) {
     phase_ = Phase::rdma;
     leave_pending();
     if (tcp_) tcp_->set_priority(stack::TcpPriority::vital);  // lwIP never sacrifices a running session
+    // Dead-peer detection from here (an MPA exchange has its own time limits).
+    if (tcp_ && liveness_.keepalive_probes > 0) {
+        constexpr std::chrono::milliseconds tick{20};  // lwIP's slow timer (TCP_TMR_INTERVAL x 2)
+        tcp_->set_keepalive(std::max(liveness_.keepalive_idle, tick), std::max(liveness_.keepalive_interval, tick),
+                            liveness_.keepalive_probes);
+    }
+    una_.reset();
+    una_since_ = last_check_ = mpa::Clock::now();
     ird_ = agreed.ird;
     ord_ = agreed.ord;
     if (qp_ == nullptr || !tcp_) return;
@@ -534,7 +594,7 @@ bool Conn::rtr_before_terminate(TermCode code, CmEventType type) {
     return true;
 }
 
-void Conn::finish(CmEventType type, const std::string& reason, bool quiet) {
+void Conn::finish(CmEventType type, const std::string& reason, bool quiet, WcStatus first) {
     if (phase_ == Phase::closed) return;
     phase_ = Phase::closed;
     leave_pending();
@@ -547,7 +607,7 @@ void Conn::finish(CmEventType type, const std::string& reason, bool quiet) {
         if (t.received) log::warn("QP {}: {}", qp_->qp_num(), why);  // a peer's error
         else if (is_access_error(t.cause) && peer_ip_be_ != 0) engine_.note_access_error(peer_ip_be_);
     }
-    if (qp_ != nullptr) qp_->end_stream();
+    if (qp_ != nullptr) qp_->end_stream(first);
     take_back_tcp();
     close_pending_ = true;  // closed in the poll stage, after the RecvBuffer of this turn reopened the window
     engine_.cm_work();      // (lwIP answers a close with unread data by RST)
@@ -592,6 +652,7 @@ void Conn::service(mpa::Clock::time_point now) {
             engine_.cm_work();  // not yet: look again next turn
         }
     }
+    if (phase_ == Phase::rdma && tcp_ && tcp_->open() && liveness_.user_timeout.count() > 0) check_user_timeout(now);
     if (draining_ && (phase_ != Phase::rdma || qp_ == nullptr || qp_->tx_idle() || now >= drain_deadline_)) {
         draining_ = false;
         finish(CmEventType::disconnected, "local disconnect");

@@ -95,7 +95,12 @@ private:
     void guard_first_fpdu(mpa::Clock::time_point now);
     bool rtr_before_terminate(TermCode code, CmEventType type);
     // Ends the connection: QP to err (flush), TCP closed in the poll stage, event (unless quiet).
-    void finish(CmEventType type, const std::string& reason, bool quiet = false);
+    // `first`: what the oldest outstanding send WR completes with (the rest flush).
+    void finish(CmEventType type, const std::string& reason, bool quiet = false,
+                WcStatus first = WcStatus::wr_flush_err);
+    // ConnParam::liveness: the peer stopped answering. The stream ends (retry_exc_err), TCP is reset.
+    void peer_dead(const std::string& why);
+    void check_user_timeout(mpa::Clock::time_point now);
     void emit(CmEventType type, const std::string& reason = {});
     void leave_pending() noexcept;
     void unbind_qp() noexcept;
@@ -143,6 +148,12 @@ private:
     std::optional<TermCode> deferred_term_;  // rtr_before_terminate(): the TERMINATE, due at deferred_until_
     mpa::Clock::time_point deferred_until_{};
     std::optional<std::pair<CmEventType, std::string>> fail_event_;  // its event, given when it is out
+    // Dead-peer detection (ConnParam::liveness of our side): keepalive is lwIP's; the user timeout is timed
+    // here from the poll stage: the oldest unacknowledged sequence number and since when it has been.
+    Liveness liveness_{};
+    std::optional<std::uint32_t> una_;
+    mpa::Clock::time_point una_since_{};
+    mpa::Clock::time_point last_check_{};
 };
 
 class Listener {

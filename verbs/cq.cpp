@@ -68,6 +68,10 @@ const char* to_string(WcStatus s) noexcept {
     case WcStatus::wr_flush_err: return "WR flush error";
     case WcStatus::loc_prot_err: return "local protection error";
     case WcStatus::fatal_err: return "fatal error";
+    case WcStatus::rem_access_err: return "remote access error";
+    case WcStatus::rem_op_err: return "remote operation error";
+    case WcStatus::rem_inv_req_err: return "remote invalid request error";
+    case WcStatus::retry_exc_err: return "transport retry counter exceeded (peer not responding)";
     }
     return "?";
 }

@@ -87,6 +87,10 @@ void Qp::free_slot(std::uint32_t slot) noexcept {
 
 void Qp::complete_send(std::uint32_t slot, WcStatus st) noexcept {
     const SqSlot& s = sq_[slot];
+    if (st == WcStatus::wr_flush_err && fail_status_) {  // the oldest WR the connection's end kills: its cause
+        st = *fail_status_;
+        fail_status_.reset();
+    }
     if (st != WcStatus::success || s.signaled)
         send_cq_.push(WorkCompletion{.wr_id = s.wr_id, .status = st, .opcode = s.opcode, .byte_len = s.byte_len,
                                      .qp_num = qp_num_});
@@ -321,7 +325,7 @@ void Qp::on_completion(const rdmap::Completion& c) {
 
 void Qp::on_terminate(const rdmap::TermReport& t) {
     // A TERMINATE the tx half built (a READ response's source gone, the initiator's MPA failure).
-    if (!closing_ && !term_) term_ = TerminateInfo{t.code, t.received, t.raw, t.cause};
+    if (!closing_ && !term_) note_terminate(TerminateInfo{t.code, t.received, t.raw, t.cause});
     if (state_ != QpState::err) enter_error();
 }
 
@@ -348,12 +352,14 @@ void Qp::apply(const RxEvent& e) noexcept {
     case RxEvent::Kind::terminate:
         // A TERMINATE the peer sent is the reason even when the connection is already closing (its FIN may
         // have been seen first); one we would send while closing is only the flush of a lost stream.
-        if (!term_ && (e.received || !closing_)) term_ = TerminateInfo{e.code, e.received, e.raw, e.cause};
+        if (!term_ && (e.received || !closing_)) note_terminate(TerminateInfo{e.code, e.received, e.raw, e.cause});
+        if (e.received && e.first_status != WcStatus::wr_flush_err) fail_status_ = e.first_status;
         if (tx_.started()) {
             if (e.received) tx_.ep().stop(e.code);
             else tx_.ep().send_terminate(e.code, std::span<const std::byte>(e.term).first(e.term_len));
         }
         if (state_ != QpState::err) enter_error();
+        fail_status_.reset();  // taken by the oldest WR flushed, if any
         break;
     case RxEvent::Kind::first_bytes: note_rx_start(); break;
     case RxEvent::Kind::srq_limit:  // not for an SRQ whose handle is gone (nobody could act on it)
@@ -394,6 +400,13 @@ void Qp::flush_rq() noexcept {
                                      .qp_num = qp_num_});
 }
 
+// The TERMINATE that ends this QP's stream: kept for terminate_info(), and told as an async QP error.
+void Qp::note_terminate(const TerminateInfo& t) noexcept {
+    term_ = t;
+    engine_.push_async(AsyncEvent{.type = term_async_type(t.received ? t.code : t.cause, t.received ? t.raw : 0),
+                                  .qp_num = qp_num_, .term = t});
+}
+
 void Qp::enter_error() noexcept {
     state_ = QpState::err;
     detach_rx();
@@ -407,8 +420,9 @@ void Qp::close_for_context() noexcept {
     tcp_ = nullptr;
 }
 
-void Qp::end_stream() noexcept {
+void Qp::end_stream(WcStatus first) noexcept {
     closing_ = true;
+    if (first != WcStatus::wr_flush_err && state_ != QpState::err) fail_status_ = first;
     tx_.drop_staged();
     // Flushes SQ/ORQ through on_completion / events and sends nothing: the connection ended in order (a FIN
     // either way) or was lost; a TERMINATE is for protocol errors, and siw answers one before a FIN with a reset.
@@ -416,6 +430,7 @@ void Qp::end_stream() noexcept {
     state_ = QpState::err;
     detach_rx();
     flush_rq();
+    fail_status_.reset();  // taken by the oldest WR flushed, if any
     tcp_ = nullptr;
 }
 

@@ -73,8 +73,9 @@ public:
     void end_early_delivery() noexcept;
     // The initiator's TERMINATE for a reply it cannot use (MPA code), through the tx half's choke point.
     void fail_stream(TermCode code) noexcept;
-    // The stream ended without a protocol error (FIN, reset, our close): everything flushed, nothing sent.
-    void end_stream() noexcept;
+    // The stream ended without a protocol error (FIN, reset, our close, a dead peer): everything flushed,
+    // nothing sent. `first`: what the oldest outstanding send WR completes with (retry_exc_err: a dead peer).
+    void end_stream(WcStatus first = WcStatus::wr_flush_err) noexcept;
     // Orderly disconnect: no new sends (SQD); tx_idle() once what was queued has reached TCP.
     void begin_drain() noexcept;
     bool tx_idle() const noexcept { return !tx_.started() || tx_.idle(); }
@@ -133,6 +134,7 @@ private:
     void schedule_tx() noexcept;
     void note_rx_start() noexcept;
     void enter_error() noexcept;
+    void note_terminate(const TerminateInfo& t) noexcept;
     void flush_rq() noexcept;
     // Takes the receive half back from the RX thread (bounded wait) and stops it: what it held is flushed.
     void detach_rx() noexcept;
@@ -170,6 +172,9 @@ private:
     std::uint32_t qp_num_;
     QpState state_{QpState::reset};
     std::optional<TerminateInfo> term_;
+    // What the next send WR flushed completes with instead of wr_flush_err (a received TERMINATE's cause, a
+    // dead peer): taken once, by the oldest.
+    std::optional<WcStatus> fail_status_;
     Conn* conn_{nullptr};
     stack::TcpConnection* tcp_{nullptr};  // the stream's, while in RDMA mode (owned by the CM)
     Srq* srq_{nullptr};

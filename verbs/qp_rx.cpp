@@ -4,7 +4,10 @@
 #include <algorithm>
 #include <cstring>
 
+#include "ddp/header.hpp"
+#include "rdmap/messages.hpp"
 #include "rdmap/stream.hpp"
+#include "rdmap/term_text.hpp"
 #include "verbs/memory.hpp"
 #include "verbs/srq.hpp"
 
@@ -118,6 +121,8 @@ void RxHalf::deliver(std::span<const std::byte> bytes) noexcept {
     placed_->fetch_add(ep_->placed_bytes() - before, std::memory_order_relaxed);
     if (term_pending_) {  // after the endpoint flushed its outstanding requests (on_terminate)
         term_pending_ = false;
+        term_.first_status = first_status_.value_or(WcStatus::wr_flush_err);
+        first_status_.reset();
         sink_->emit(term_);
     }
 }
@@ -164,6 +169,10 @@ void RxHalf::on_completion(const rdmap::Completion& c) {
                   : c.wr_id == gone_slot_                 ? WcStatus::loc_prot_err
                                                           : WcStatus::wr_flush_err;
     if (c.wr_id == gone_slot_) gone_slot_ = ~std::uint64_t{0};
+    if (st == WcStatus::wr_flush_err && first_status_) {  // the oldest request a received TERMINATE kills
+        st = *first_status_;
+        first_status_.reset();
+    }
     // The atomic's original value goes into the WR's 8-byte SGE here (host order, as the target word), if that
     // region is still registered (else the WR fails: loc_prot_err); the completion event orders it before the
     // application sees the completion.
@@ -186,6 +195,41 @@ void RxHalf::on_terminate(const rdmap::TermReport& t) {
     if (n != 0) std::memcpy(term_.term.data(), t.frame.data(), n);  // a received TERMINATE has no frame to send
     term_.term_len = static_cast<std::uint8_t>(n);
     term_pending_ = true;
+    if (t.received) first_status_ = term_wc_status(t.code, t.raw);
+}
+
+namespace {
+// How an application should read a TERMINATE code (the RFC's layout, or Linux siw x86's when only that names
+// a code).
+enum class TermClass : std::uint8_t { access, request, other };
+TermClass term_class(TermCode c, std::uint32_t raw) noexcept {
+    if (rdmap::term_text(c) == nullptr && rdmap::term_text(rdmap::term_code_siw_x86(raw)) != nullptr)
+        c = rdmap::term_code_siw_x86(raw);
+    if ((c.layer == TermLayer::ddp && c.etype == ddp::err::kEtypeTagged && c != ddp::err::t_version) ||
+        (c.layer == TermLayer::rdmap && c.etype == rdmap::err::kEtypeProtection) || c == rdmap::err::o_cannot_invalidate)
+        return TermClass::access;
+    if (c.layer == TermLayer::ddp && c.etype == ddp::err::kEtypeUntagged && c != ddp::err::u_version)
+        return TermClass::request;
+    return TermClass::other;
+}
+}  // namespace
+
+AsyncEventType term_async_type(TermCode c, std::uint32_t raw) noexcept {
+    switch (term_class(c, raw)) {
+    case TermClass::access: return AsyncEventType::qp_access_err;
+    case TermClass::request: return AsyncEventType::qp_req_err;
+    case TermClass::other: break;
+    }
+    return AsyncEventType::qp_fatal;
+}
+
+WcStatus term_wc_status(TermCode c, std::uint32_t raw) noexcept {
+    switch (term_class(c, raw)) {
+    case TermClass::access: return WcStatus::rem_access_err;
+    case TermClass::request: return WcStatus::rem_inv_req_err;
+    case TermClass::other: break;
+    }
+    return WcStatus::rem_op_err;
 }
 
 void RxHalf::on_inbound_request(const rdmap::IrqEntry& r) { sink_->emit(RxEvent{.kind = RxEvent::Kind::inbound, .irq = r}); }

@@ -92,9 +92,17 @@ struct RxEvent {
     std::uint32_t raw{0};         // terminate: the control word as on the wire
     TermCode cause{};             // terminate: what we found (sent ones; see TerminateInfo)
     bool received{false};         // terminate: received from the peer (else: to send, bytes below)
+    // terminate, received: what the oldest send WR it kills completes with (wr_flush_err: a request flushed by
+    // the receive half already took the cause, or there is none).
+    WcStatus first_status{WcStatus::wr_flush_err};
     std::uint8_t term_len{0};
     std::array<std::byte, rdmap::kTerminateLen + 2 + rdmap::kMaxHeaderLen> term{};
 };
+
+// What a TERMINATE says, for the application: the async event it raises, and (received) the status of the
+// oldest send WR it kills (see WcStatus). `raw` lets a Linux siw x86 peer's swapped layout be read as meant.
+AsyncEventType term_async_type(TermCode c, std::uint32_t raw) noexcept;
+WcStatus term_wc_status(TermCode c, std::uint32_t raw) noexcept;
 
 class RxEventSink {
 public:
@@ -157,6 +165,8 @@ private:
     bool first_{true};  // the stream's first bytes are still to come (first_bytes event)
     RxEvent term_{};    // on_terminate's event, emitted when the endpoint call returns
     bool term_pending_{false};
+    // A received TERMINATE's status for the first request it flushes (on_terminate, before the flush).
+    std::optional<WcStatus> first_status_;
 };
 
 // The sink with an RX thread: an SPSC ring the application thread drains (RX thread -> application thread), and

@@ -169,7 +169,16 @@ struct [[nodiscard]] PostResult {
 };
 
 // ---- completions -------------------------------------------------------------------------------------------
-enum class WcStatus : std::uint8_t { success, wr_flush_err, loc_prot_err, fatal_err };
+// A send WR that a connection's end kills completes with the cause when there is one, the rest of what is
+// outstanding with wr_flush_err (in posting order, the oldest first):
+//   rem_access_err   the peer's TERMINATE says it refused an access to its memory (STag, bounds, rights, PD)
+//   rem_inv_req_err  the peer's TERMINATE says it could not take the message (no receive posted, too long)
+//   rem_op_err       any other TERMINATE from the peer (protocol or operation error)
+//   retry_exc_err    the peer stopped answering (ConnParam::liveness: keepalive or user timeout)
+// loc_prot_err: a region this WR names was deregistered under it. fatal_err: not used by the engine.
+enum class WcStatus : std::uint8_t {
+    success, wr_flush_err, loc_prot_err, fatal_err, rem_access_err, rem_op_err, rem_inv_req_err, retry_exc_err
+};
 enum class WcOpcode : std::uint8_t { send, rdma_write, rdma_read, comp_swap, fetch_add, recv, recv_rdma_with_imm };
 const char* to_string(WcStatus s) noexcept;
 const char* to_string(WcOpcode o) noexcept;
@@ -306,11 +315,16 @@ private:
     std::shared_ptr<detail::Srq> impl_;
 };
 
-enum class AsyncEventType : std::uint8_t { srq_limit_reached };
-struct AsyncEvent {
-    AsyncEventType type{AsyncEventType::srq_limit_reached};
-    SharedReceiveQueue* srq{nullptr};
-};
+// Asynchronous events (ibv_async_event). srq_limit_reached names `srq`. The QP errors name the QP by `qp_num`
+// (a handle could be gone before the event is read) and carry the TERMINATE that put it in ERR:
+//   qp_access_err  a TERMINATE for an access to memory (sent: the peer's offence; received: ours)
+//   qp_req_err     a TERMINATE for a message that could not be taken (no receive, too long, bad MSN/queue)
+//   qp_fatal       any other TERMINATE
+// describe() says it in words. A connection that ends without a TERMINATE (close, reset, a dead peer) is a CM
+// event (disconnected, with its reason), not an async event.
+enum class AsyncEventType : std::uint8_t { srq_limit_reached, qp_fatal, qp_req_err, qp_access_err };
+const char* to_string(AsyncEventType t) noexcept;
+struct TerminateInfo;
 
 // ---- queue pairs -------------------------------------------------------------------------------------------
 // Verbs states and the iWARP QP states they stand for (RFC 5040 section 6 has none of its own; siw's map):
@@ -350,6 +364,14 @@ struct TerminateInfo {
     std::uint32_t raw{0};
     TermCode cause{};
     std::string describe() const;
+};
+
+struct AsyncEvent {
+    AsyncEventType type{AsyncEventType::srq_limit_reached};
+    SharedReceiveQueue* srq{nullptr};  // srq_limit_reached
+    std::uint32_t qp_num{0};           // the QP errors
+    TerminateInfo term{};              // the QP errors
+    std::string describe() const;      // control path (allocates)
 };
 
 class QueuePair {
@@ -424,6 +446,25 @@ struct FirstFpduGuard {
 };
 
 // rdma_conn_param: private data and IRD/ORD, plus the MPA and iWARP choices.
+// Dead-peer detection on an RDMA-mode connection (each end sets its own). A peer that dies without closing
+// (kill -9, power, a cut link) or stops answering (hung, stopped) ends the connection: CmEventType::disconnected
+// with the reason in words, the QP in ERR, the oldest outstanding send WR completing retry_exc_err and every
+// other WR flushed. Then the TCP connection is reset (nothing lingers retransmitting).
+//   Idle (nothing to send): TCP keepalive. After `keepalive_idle` with nothing received, a probe every
+//   `keepalive_interval`; when `keepalive_probes` went unanswered the peer is dead: reported within
+//   idle + probes x interval (defaults: 3 s + 3 x 1 s = 6 s) of its last segment. 0 probes: no keepalive.
+//   Sending: `user_timeout` (Linux's TCP_USER_TIMEOUT): data sent and not acknowledged for this long (however
+//   often TCP retransmitted it) ends the connection. 0: only lwIP's retransmission limit (8 retransmissions
+//   with exponential backoff: ~15 s at LAN round trips). Time the application spends without driving the
+//   engine (no poll for 100 ms or more) is not held against the peer.
+// Live peers are never affected: any segment from the peer (an ACK, a keepalive answer) restarts both clocks.
+struct Liveness {
+    std::chrono::milliseconds keepalive_idle{3000};
+    std::chrono::milliseconds keepalive_interval{1000};
+    unsigned keepalive_probes{3};
+    std::chrono::milliseconds user_timeout{6000};
+};
+
 struct ConnParam {
     std::span<const std::byte> private_data{};  // at most 252 bytes (MPA revision 2)
     std::uint16_t responder_resources{16};  // IRD: inbound READ/atomic requests we answer at once
@@ -461,6 +502,8 @@ struct ConnParam {
     // processes start together) is tried again every 20 ms until this long after connect(); the QP stays in
     // RTR and sees nothing of it. 0 = report it at once (unreachable).
     std::chrono::milliseconds connect_retry{0};
+    // Dead-peer detection (connect; accept): see Liveness.
+    Liveness liveness{};
 };
 
 enum class CmEventType : std::uint8_t {
@@ -630,7 +673,7 @@ public:
     //   for (;;) { while (ctx->poll() != 0) {}  drain CQs;  if (ctx->prepare_sleep()) epoll_wait(...); }
     bool prepare_sleep() noexcept;
     int wake_fd() const noexcept;
-    // Asynchronous events (ibv_get_async_event): SRQ limit. Bounded ring; overflow counted.
+    // Asynchronous events (ibv_get_async_event): SRQ limit, QP errors. Bounded ring (64); overflow counted.
     std::optional<AsyncEvent> get_async_event() noexcept;
     std::uint64_t async_dropped() const noexcept;
     // Polls until an event arrives or timeout.

@@ -41,9 +41,27 @@ namespace {
 // `consumed`: how many of the server's two receives the offence uses first (they complete successfully; the
 // rest are flushed). `wrong_pd`: the server advertises a region of another PD. `tagged`: the offence is a
 // tagged message (WRITE), not a READ/atomic request.
+// The requester learns the cause three ways besides terminate_info(): the CM event's reason names it in words,
+// an async QP error (qp_access_err or qp_req_err, naming the QP) is queued at both ends, and the oldest send WR
+// the TERMINATE kills (`killed`: the offending READ/atomic, else the READ behind the offence) completes with
+// `killed_status` (rem_access_err, rem_inv_req_err), every later one with wr_flush_err.
 void violation_case(const std::function<void(Peer&)>& offend, const TermCode want, std::uint32_t server_access,
-                    int consumed = 0, bool wrong_pd = false, bool tagged = true) {
+                    int consumed = 0, bool wrong_pd = false, bool tagged = true, std::uint64_t killed = 99,
+                    WcStatus killed_status = WcStatus::rem_access_err) {
     const TermCode wire = rdmap::opaque_access_error(want, tagged);
+    const verbs::AsyncEventType async_want = killed_status == WcStatus::rem_access_err
+                                                 ? verbs::AsyncEventType::qp_access_err
+                                                 : verbs::AsyncEventType::qp_req_err;
+    auto check_async = [async_want](Peer& p) {
+        const auto ev = p.ctx->get_async_event();
+        if (!ev) throw std::runtime_error("no async event");
+        report("async: " + ev->describe());
+        if (ev->type != async_want || ev->qp_num != p.qp->qp_num())
+            throw std::runtime_error(std::string("async event ") + verbs::to_string(ev->type) + ", wanted " +
+                                     verbs::to_string(async_want));
+        if (ev->describe().find(verbs::to_string(ev->term.code)) == std::string::npos)
+            throw std::runtime_error("async event without the cause in words");
+    };
     auto server = [&](const PeerConfig& cfg) {
         Peer p(cfg, 4096, server_access);
         std::vector<std::byte> other(4096);
@@ -62,6 +80,7 @@ void violation_case(const std::function<void(Peer&)>& offend, const TermCode wan
         if (!(t->cause == want)) throw std::runtime_error("wrong cause " + term_str(t->cause) + ", wanted " + term_str(want));
         if (!(t->code == wire)) throw std::runtime_error("wrong TERMINATE " + term_str(t->code) + ", wanted " + term_str(wire));
         if (p.qp->state() != verbs::QpState::err) throw std::runtime_error("server QP not in ERR");
+        check_async(p);
         mr2.reset();
         return p.end(0);
     };
@@ -70,21 +89,29 @@ void violation_case(const std::function<void(Peer&)>& offend, const TermCode wan
         p.post_recv(7, 0, 64);
         p.connect();
         offend(p);
-        p.wait_event(verbs::CmEventType::disconnected);
+        const auto ev = p.wait_event(verbs::CmEventType::disconnected);
+        if (ev.reason.find(verbs::to_string(wire)) == std::string::npos)
+            throw std::runtime_error("CM reason without the cause in words: " + ev.reason);
         const auto& t = p.qp->terminate_info();
         if (!t || !t->received) throw std::runtime_error("client received no TERMINATE");
         report("client: " + t->describe() + ", QP " + verbs::to_string(p.qp->state()));
         if (!(t->code == wire)) throw std::runtime_error("wrong TERMINATE " + term_str(t->code) + ", wanted " + term_str(wire));
         if (p.qp->state() != verbs::QpState::err) throw std::runtime_error("client QP not in ERR");
-        // Completions: the offending WR (success when framed, as siw), flushed receive, flushed READ.
+        check_async(p);
+        // Completions: an offending SEND/WRITE (success when framed, as siw), the flushed receive, the oldest
+        // request killed with the cause, the READ behind it flushed.
         std::array<verbs::WorkCompletion, 16> wcs;
         const std::size_t n = p.cq->poll(wcs);
-        bool recv_flushed = false, read_flushed = false;
+        bool recv_flushed = false, killed_ok = false, read_flushed = killed == 99;
+        std::string got;
         for (std::size_t i = 0; i < n; ++i) {
+            got += " " + std::to_string(wcs[i].wr_id) + ":" + verbs::to_string(wcs[i].status);
             if (wcs[i].wr_id == 7 && wcs[i].status == WcStatus::wr_flush_err) recv_flushed = true;
-            if (wcs[i].wr_id == 99 && wcs[i].status == WcStatus::wr_flush_err) read_flushed = true;
+            if (wcs[i].wr_id == killed && wcs[i].status == killed_status) killed_ok = true;
+            if (wcs[i].wr_id == 99 && killed != 99 && wcs[i].status == WcStatus::wr_flush_err) read_flushed = true;
         }
-        if (!recv_flushed || !read_flushed) throw std::runtime_error("client WRs not flushed");
+        report("client completions:" + got);
+        if (!recv_flushed || !killed_ok || !read_flushed) throw std::runtime_error("client completions wrong:" + got);
         // Posting in ERR completes at once with a flush error.
         const verbs::SendWr more{.wr_id = 100, .opcode = verbs::WrOpcode::send};
         if (!p.qp->post_send({&more, 1}).ok()) throw std::runtime_error("post in ERR refused");
@@ -135,7 +162,7 @@ TEST_CASE("SEND without a posted receive: TERMINATE no buffer", "[verbs][memif]"
                 p.post_send({.wr_id = 50u + i, .opcode = verbs::WrOpcode::send});
             post_offence_then_read(p, {.wr_id = 52, .opcode = verbs::WrOpcode::send});
         },
-        ddp::err::u_no_buffer, kAll, /*consumed=*/2);
+        ddp::err::u_no_buffer, kAll, /*consumed=*/2, false, true, 99, WcStatus::rem_inv_req_err);
 }
 
 TEST_CASE("READ without the remote-read right: TERMINATE access violation", "[verbs][memif]") {
@@ -145,7 +172,8 @@ TEST_CASE("READ without the remote-read right: TERMINATE access violation", "[ve
             post_offence_then_read(p, {.wr_id = 98, .opcode = verbs::WrOpcode::rdma_read, .sg_list = {&s, 1},
                                        .rdma = {p.remote.addr, p.remote.rkey}});
         },
-        rdmap::err::p_access, verbs::access::local_write | verbs::access::remote_write, 0, false, /*tagged=*/false);
+        rdmap::err::p_access, verbs::access::local_write | verbs::access::remote_write, 0, false, /*tagged=*/false,
+        /*killed=*/98);
 }
 
 TEST_CASE("fetch-add without the remote-atomic right: TERMINATE access violation", "[verbs][memif]") {
@@ -156,7 +184,7 @@ TEST_CASE("fetch-add without the remote-atomic right: TERMINATE access violation
                                        .sg_list = {&s, 1}, .atomic = {p.remote.addr, 1, 0, p.remote.rkey}});
         },
         rdmap::err::p_access, verbs::access::local_write | verbs::access::remote_write | verbs::access::remote_read, 0,
-        false, /*tagged=*/false);
+        false, /*tagged=*/false, /*killed=*/98);
 }
 
 TEST_CASE("WRITE above and below the region: TERMINATE base or bounds", "[verbs][memif]") {
@@ -195,8 +223,9 @@ TEST_CASE("WRITE to an STag the peer invalidated by SEND_INV: TERMINATE invalid 
 
 // A TERMINATE flushes in posting order, as siw does (its ORQ, then its SQ) and as verbs applications read a
 // send CQ: with ORD 1, a READ the peer refuses is on the wire, a second READ waits for the credit and a SEND
-// waits behind it; the TERMINATE flushes the READ on the wire first (held by the receive half), then the two
-// still queued (held by the transmit half), whichever thread ran the receive half.
+// waits behind it; the TERMINATE completes the READ on the wire first (held by the receive half) with its
+// cause (remote access error), then flushes the two still queued (held by the transmit half), whichever
+// thread ran the receive half.
 TEST_CASE("a TERMINATE flushes the send queue in posting order: the request on the wire first", "[verbs][memif]") {
     auto server = [](const PeerConfig& cfg) {
         Peer p(cfg, 4096, kAll);
@@ -225,7 +254,7 @@ TEST_CASE("a TERMINATE flushes the send queue in posting order: the request on t
         std::string got;
         for (const auto& w : wc) got += " " + std::to_string(w.wr_id) + ":" + verbs::to_string(w.status);
         report("client completions:" + got);
-        Peer::expect(wc[0], WcStatus::wr_flush_err, WcOpcode::rdma_read, 1);
+        Peer::expect(wc[0], WcStatus::rem_access_err, WcOpcode::rdma_read, 1);
         Peer::expect(wc[1], WcStatus::wr_flush_err, WcOpcode::rdma_read, 2);
         Peer::expect(wc[2], WcStatus::wr_flush_err, WcOpcode::send, 3);
         return p.end(0);

@@ -118,6 +118,10 @@ void to_ibv(const verbs::WorkCompletion& w, ibv_wc& o) {
     case verbs::WcStatus::wr_flush_err: o.status = IBV_WC_WR_FLUSH_ERR; break;
     case verbs::WcStatus::loc_prot_err: o.status = IBV_WC_LOC_PROT_ERR; break;
     case verbs::WcStatus::fatal_err: o.status = IBV_WC_FATAL_ERR; break;
+    case verbs::WcStatus::rem_access_err: o.status = IBV_WC_REM_ACCESS_ERR; break;
+    case verbs::WcStatus::rem_op_err: o.status = IBV_WC_REM_OP_ERR; break;
+    case verbs::WcStatus::rem_inv_req_err: o.status = IBV_WC_REM_INV_REQ_ERR; break;
+    case verbs::WcStatus::retry_exc_err: o.status = IBV_WC_RETRY_EXC_ERR; break;
     }
     switch (w.opcode) {
     case verbs::WcOpcode::send: o.opcode = IBV_WC_SEND; break;

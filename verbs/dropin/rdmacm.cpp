@@ -155,6 +155,7 @@ verbs::ConnParam conn_param(const Runtime& rt, const rdma_conn_param* p) {
     cp.peer_to_peer = rt.settings().peer_to_peer;
     cp.crc = rt.settings().crc;
     cp.connect_retry = rt.settings().connect_retry;
+    cp.liveness = rt.settings().liveness;
     if (p != nullptr) {
         cp.private_data = {static_cast<const std::byte*>(p->private_data), p->private_data_len};
         cp.responder_resources = p->responder_resources;

@@ -28,7 +28,8 @@ std::string trim(std::string s) {
 constexpr const char* kKeys[] = {"backend",   "memif_socket", "memif_role",      "iface",         "ip",
                                  "netmask",   "gateway",      "mac",             "mtu",           "threading",
                                  "hugepages", "lcores",       "max_qp",          "max_mr",        "link_timeout_ms",
-                                 "progress_interval_us", "connect_retry_ms", "peer_to_peer", "crc", "log"};
+                                 "progress_interval_us", "connect_retry_ms", "peer_to_peer", "crc", "log",
+                                 "keepalive_idle_ms", "keepalive_interval_ms", "keepalive_probes", "user_timeout_ms"};
 
 bool known(const std::string& k) {
     for (const char* n : kKeys)
@@ -144,6 +145,12 @@ Settings read_settings() {
     cc.max_mr = static_cast<std::uint32_t>(number(kv, "max_mr", 1024));
     s.progress_interval = std::chrono::microseconds(number(kv, "progress_interval_us", 500));
     s.connect_retry = std::chrono::milliseconds(number(kv, "connect_retry_ms", 5000));
+    const verbs::Liveness dl{};
+    s.liveness.keepalive_idle = std::chrono::milliseconds(number(kv, "keepalive_idle_ms", static_cast<unsigned long>(dl.keepalive_idle.count())));
+    s.liveness.keepalive_interval =
+        std::chrono::milliseconds(number(kv, "keepalive_interval_ms", static_cast<unsigned long>(dl.keepalive_interval.count())));
+    s.liveness.keepalive_probes = static_cast<unsigned>(number(kv, "keepalive_probes", dl.keepalive_probes));
+    s.liveness.user_timeout = std::chrono::milliseconds(number(kv, "user_timeout_ms", static_cast<unsigned long>(dl.user_timeout.count())));
     const std::string lv = get("log", "warn");  // the program's own output stays readable: warnings and errors
     bool found = false;
     for (auto l : {log::Level::trace, log::Level::debug, log::Level::info, log::Level::warn, log::Level::error, log::Level::off})

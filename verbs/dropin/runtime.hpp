@@ -35,7 +35,7 @@ namespace softrdma::dropin {
 // Keys (README "Unmodified verbs programs"): backend (memif | af_packet), memif_socket, memif_role (server |
 // client), iface, ip, netmask, gateway, mac, mtu, threading (run_to_completion | rx_thread), hugepages (auto |
 // on | off), lcores, max_qp, max_mr, link_timeout_ms, progress_interval_us, connect_retry_ms, peer_to_peer (on | off), log, crc (off |
-// preferred | required). Throws std::runtime_error with the offending key on anything unknown or malformed, or
+// preferred | required), keepalive_idle_ms, keepalive_interval_ms, keepalive_probes, user_timeout_ms. Throws std::runtime_error with the offending key on anything unknown or malformed, or
 // when nothing is configured at all.
 struct Settings {
     verbs::ContextConfig context;
@@ -50,6 +50,9 @@ struct Settings {
     // two processes started together over memif meet only when both are up, and the client may get there
     // before the server's rdma_listen. Key connect_retry_ms.
     std::chrono::milliseconds connect_retry{5000};
+    // Dead-peer detection of every connection (ConnParam::liveness; keys keepalive_idle_ms,
+    // keepalive_interval_ms, keepalive_probes (0: off), user_timeout_ms (0: off)).
+    verbs::Liveness liveness{};
     log::Level log{log::Level::warn};  // key log: the library's messages on stderr from this level up
 };
 Settings read_settings();
