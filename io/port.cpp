@@ -19,6 +19,7 @@
 #include <rte_ring.h>
 #include "base/log.hpp"
 
+#include "io/faults.hpp"
 #include "io/pcap_writer.hpp"
 
 namespace softrdma::io {
@@ -241,6 +242,8 @@ Port::CloseResult Port::close() noexcept {
                       name_, kGateTimeout.count());
         return close_result_;  // never stop a port under a running burst
     }
+    rx_faults_.reset();  // no burst runs any more: the frames they hold go back to the pool
+    tx_faults_.reset();
     if (started_) {
         if (guard_.attached()) {
             if (finish_memif_link() != CloseResult::clean) return close_result_;
@@ -300,10 +303,21 @@ void Port::start(const PortConfig& cfg) {
     // Mempool sizing rule: RX descriptors (each holds an mbuf once filled) + TX descriptors (mbufs wait
     // there until sent) + frames the stack holds (kStackHeldFrames) + one cache per lcore; rounded to
     // 2^n - 1, the size DPDK's ring-based pool uses best.
+    // Fault injection: PortConfig::faults, or SOFTRDMA_FAULTS (which wins).
+    FaultConfig faults = cfg.faults;
+    if (const char* env = std::getenv("SOFTRDMA_FAULTS"); env != nullptr && *env != '\0') {
+        try {
+            faults = parse_faults(env);
+        } catch (const std::invalid_argument& e) {
+            throw Error(std::string("SOFTRDMA_FAULTS: ") + e.what());
+        }
+    }
     std::uint32_t n = cfg.mbufs;
     if (n == 0) {
-        const std::uint32_t need =
-            cfg.rx_descriptors + cfg.tx_descriptors + kStackHeldFrames + kPoolCache * rte_lcore_count();
+        // (+ what fault injection may hold back, both directions, when it is on)
+        const std::uint32_t need = cfg.rx_descriptors + cfg.tx_descriptors + kStackHeldFrames +
+                                   kPoolCache * rte_lcore_count() +
+                                   (faults.any() ? 2 * static_cast<std::uint32_t>(FaultInjector::kHeld) : 0);
         n = 1;
         while (n < need + 1) n <<= 1;
         n -= 1;
@@ -328,6 +342,16 @@ void Port::start(const PortConfig& cfg) {
         throw Error("cannot set up RX queue of " + name_);
     if (rte_eth_tx_queue_setup(port_id_, 0, ntx, socket, nullptr) != 0)
         throw Error("cannot set up TX queue of " + name_);
+    if (faults.any()) {
+        rx_faults_ = std::make_unique<FaultInjector>(faults.rx, faults.delay, faults.seed, pool_, rx_fault_counters_);
+        tx_faults_ = std::make_unique<FaultInjector>(faults.tx, faults.delay, faults.seed * 7919 + 1, pool_,
+                                                     tx_fault_counters_);
+        log::warn("{}: fault injection on (rx drop {} dup {} reorder {} delay {} corrupt {}; tx drop {} dup {} "
+                  "reorder {} delay {} corrupt {}; delay {} us, seed {})",
+                  name_, faults.rx.drop, faults.rx.duplicate, faults.rx.reorder, faults.rx.delay, faults.rx.corrupt,
+                  faults.tx.drop, faults.tx.duplicate, faults.tx.reorder, faults.tx.delay, faults.tx.corrupt,
+                  faults.delay.count(), faults.seed);
+    }
     if (cfg.has_mac && cfg.backend != Backend::memif) {
         rte_ether_addr a{};
         std::copy(cfg.mac.begin(), cfg.mac.end(), a.addr_bytes);
@@ -411,12 +435,44 @@ void Port::flush_capture() noexcept {
     if (capture_) capture_->flush();
 }
 
+// ---- fault injection (PortConfig::faults) ----
+
+std::size_t Port::faults_held() const noexcept {
+    return (rx_faults_ ? rx_faults_->held() : 0) + (tx_faults_ ? tx_faults_->held() : 0);
+}
+
+// Half the burst from the driver: room for duplicates and held frames coming due.
+std::uint16_t Port::rx_faulty(std::span<rte_mbuf*> out) noexcept {
+    const auto want = static_cast<std::uint16_t>(std::max<std::size_t>(1, out.size() / 2));
+    const std::uint16_t n = rte_eth_rx_burst(port_id_, 0, out.data(), want);
+    return rx_faults_->apply(out, n);
+}
+
+// Every frame is taken: what the injector passes on goes to the driver, what the driver refuses is freed
+// (a lossy link; TCP sends it again).
+void Port::tx_faulty(std::span<rte_mbuf*> frames) noexcept {
+    std::array<rte_mbuf*, 512> buf;
+    std::size_t done = 0;
+    do {
+        const std::size_t k = std::min<std::size_t>(frames.size() - done, buf.size() / 2);
+        for (std::size_t i = 0; i < k; ++i) buf[i] = frames[done + i];
+        done += k;
+        const std::uint16_t n = tx_faults_->apply(buf, static_cast<std::uint16_t>(k));
+        const std::uint16_t sent = rte_eth_tx_burst(port_id_, 0, buf.data(), n);
+        for (std::uint16_t i = sent; i < n; ++i) rte_pktmbuf_free(buf[i]);
+    } while (done < frames.size());
+}
+
 void Port::account_rx(std::span<rte_mbuf* const> frames) noexcept {
-    counters_.rx_packets += frames.size();
+    // Only this thread writes them; relaxed stores (plain moves on x86) so that counters() may read them from
+    // another thread.
+    std::uint64_t bytes = 0;
     for (const rte_mbuf* m : frames) {
-        counters_.rx_bytes += m->pkt_len;
+        bytes += m->pkt_len;
         if (capture_) capture_->write(m);
     }
+    __atomic_store_n(&counters_.rx_packets, counters_.rx_packets + frames.size(), __ATOMIC_RELAXED);
+    __atomic_store_n(&counters_.rx_bytes, counters_.rx_bytes + bytes, __ATOMIC_RELAXED);
 }
 
 void Port::account_tx(std::span<rte_mbuf* const> frames, std::uint16_t sent) noexcept {

@@ -38,6 +38,7 @@
 namespace softrdma::io {
 
 class PcapWriter;
+class FaultInjector;
 
 // The configuration and counters are the API's (<softrdma/config.hpp>, <softrdma/diagnostics.hpp>).
 using softrdma::Backend;
@@ -58,7 +59,8 @@ public:
         std::uint16_t n = 0;
         rx_busy_.store(true);  // seq_cst, before reading open_: pairs with shut_gate()
         if (open_.load()) [[likely]] {
-            n = rte_eth_rx_burst(port_id_, 0, out.data(), static_cast<std::uint16_t>(out.size()));
+            if (rx_faults_) [[unlikely]] n = rx_faulty(out);
+            else n = rte_eth_rx_burst(port_id_, 0, out.data(), static_cast<std::uint16_t>(out.size()));
             if (n != 0) account_rx(out.first(n));
         }
         rx_busy_.store(false, std::memory_order_release);
@@ -72,11 +74,28 @@ public:
         tx_busy_.store(true);  // seq_cst, before reading open_: pairs with shut_gate()
         if (open_.load()) [[likely]] {
             if (capture_) [[unlikely]] capture_tx(frames);  // before the driver may free them
+            if (tx_faults_) [[unlikely]] {
+                account_tx(frames, static_cast<std::uint16_t>(frames.size()));  // all taken (see FaultConfig)
+                tx_faulty(frames);
+                tx_busy_.store(false, std::memory_order_release);
+                return static_cast<std::uint16_t>(frames.size());
+            }
             n = rte_eth_tx_burst(port_id_, 0, frames.data(), static_cast<std::uint16_t>(frames.size()));
         }
         account_tx(frames, n);
         tx_busy_.store(false, std::memory_order_release);
         return n;
+    }
+
+    // Fault injection (PortConfig::faults): on or not, what was done per direction, and frames held back now
+    // (they count as mbufs in use). tx_release_held(): sends held TX frames that are due (the stack calls it
+    // when it has nothing else to send).
+    bool faults_on() const noexcept { return rx_faults_ != nullptr; }
+    FaultCounters rx_fault_counters() const noexcept { return rx_fault_counters_; }
+    FaultCounters tx_fault_counters() const noexcept { return tx_fault_counters_; }
+    std::size_t faults_held() const noexcept;
+    void tx_release_held() noexcept {
+        if (tx_faults_) [[unlikely]] tx_burst({});
     }
 
     enum class CloseResult {
@@ -109,7 +128,14 @@ public:
     // Largest frame (Ethernet header + MTU) one mbuf of this pool holds without chaining.
     std::uint32_t mbuf_data_room() const noexcept;
     bool link_up() const noexcept;
-    const PortCounters& counters() const noexcept { return counters_; }
+    // A snapshot, from any thread: the RX fields are written by the RX burst's thread (relaxed atomic stores,
+    // read with relaxed loads here), the TX fields by the TX burst's thread (exact from that thread).
+    PortCounters counters() const noexcept {
+        PortCounters c = counters_tx_view();
+        c.rx_packets = __atomic_load_n(&counters_.rx_packets, __ATOMIC_RELAXED);
+        c.rx_bytes = __atomic_load_n(&counters_.rx_bytes, __ATOMIC_RELAXED);
+        return c;
+    }
     // The driver's own statistics (imissed, ierrors, rx_nombuf...).
     rte_eth_stats device_stats() const noexcept;
     // Flushes the capture file (if any) to disk.
@@ -130,8 +156,14 @@ private:
     void stop_watcher() noexcept;
     CloseResult finish_memif_link() noexcept;
     void account_rx(std::span<rte_mbuf* const> frames) noexcept;
+    PortCounters counters_tx_view() const noexcept {
+        return PortCounters{.tx_packets = counters_.tx_packets, .tx_bytes = counters_.tx_bytes,
+                            .tx_refused = counters_.tx_refused};
+    }
     void account_tx(std::span<rte_mbuf* const> frames, std::uint16_t sent) noexcept;
     void capture_tx(std::span<rte_mbuf* const> frames) noexcept;
+    std::uint16_t rx_faulty(std::span<rte_mbuf*> out) noexcept;
+    void tx_faulty(std::span<rte_mbuf*> frames) noexcept;
 
     std::uint16_t port_id_;
     std::string name_;
@@ -160,6 +192,11 @@ private:
     std::atomic<bool> stop_watcher_{false};
     PortCounters counters_;
     std::unique_ptr<PcapWriter> capture_;
+    // Fault injection (null when off): each used by its direction's burst thread only.
+    std::unique_ptr<FaultInjector> rx_faults_;
+    std::unique_ptr<FaultInjector> tx_faults_;
+    FaultCounters rx_fault_counters_{};
+    FaultCounters tx_fault_counters_{};
     // Refused frames are a suffix the caller offers again: remember them so the capture records each once.
     const rte_mbuf* refused_head_ = nullptr;
     std::size_t refused_count_ = 0;

@@ -48,4 +48,11 @@ bool tcp_checksum_ok(const std::byte* frame, const TcpFrame& f) noexcept {
     return sum == 0xffff;
 }
 
+bool ip_checksum_ok(const std::byte* frame, const TcpFrame& f) noexcept {
+    std::uint32_t sum = rte_raw_cksum(frame + 14, f.ihl);
+    sum = (sum & 0xffff) + (sum >> 16);
+    sum = (sum & 0xffff) + (sum >> 16);
+    return sum == 0xffff;
+}
+
 }  // namespace softrdma::stack

@@ -28,6 +28,9 @@ TcpFrame parse_tcp_frame(const std::byte* frame, std::uint32_t len) noexcept;
 
 // True when the TCP checksum (pseudo header, header, payload) of a frame parse_tcp_frame accepted is intact.
 bool tcp_checksum_ok(const std::byte* frame, const TcpFrame& f) noexcept;
+// The IPv4 header checksum of a frame parse_tcp_frame accepted (lwIP always checks it: whoever places a
+// segment's payload ahead of lwIP must drop what lwIP would drop).
+bool ip_checksum_ok(const std::byte* frame, const TcpFrame& f) noexcept;
 
 // Rewrites the IPv4 header of a frame parse_tcp_frame accepted so that its segment carries no payload (total
 // length cut to the headers, header checksum redone): what lwIP is given for a segment whose payload is

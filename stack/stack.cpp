@@ -172,7 +172,11 @@ void Stack::flush_tx() noexcept {
 }
 
 void Stack::flush_tx_inner() noexcept {
-    if (tx_head_ != tx_tail_) wire_release(&port_);  // what we did before sending (see io/tsan.hpp)
+    if (tx_head_ == tx_tail_) {
+        port_.tx_release_held();  // fault injection's delayed frames (nothing when it is off)
+        return;
+    }
+    wire_release(&port_);  // what we did before sending (see io/tsan.hpp)
     while (tx_head_ != tx_tail_) {
         const std::uint64_t t0 = cfg_.count_cycles ? cycles_now() : 0;
         const unsigned sent = port_.tx_burst(std::span(tx_queue_ + tx_head_, std::min(tx_tail_ - tx_head_, 64u)));

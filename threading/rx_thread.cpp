@@ -283,8 +283,10 @@ void RxThread::process(rte_mbuf* m) noexcept {
         rte_pktmbuf_free(m);
         return;
     }
-    // lwIP does not check TCP checksums in this mode (payload it counts may never reach it): we do.
-    if (verify_tcp_ && !stack::tcp_checksum_ok(f, v)) {
+    // lwIP does not check TCP checksums in this mode (payload it counts may never reach it): we do. It does
+    // check IP header checksums, so we must too: a segment placed here that lwIP then dropped would put the
+    // two out of step (seen with corrupted TTL bits: the TCP checksum does not cover them).
+    if (!stack::ip_checksum_ok(f, v) || (verify_tcp_ && !stack::tcp_checksum_ok(f, v))) {
         add(dropped_, 1);
         rte_pktmbuf_free(m);
         return;

@@ -36,9 +36,10 @@ Engine::Engine(const ContextConfig& cfg) : cfg_(cfg), mem_(cfg.max_mr == 0 || cf
     scfg.ip = cfg.ip;
     scfg.rx_external = rx_thread;
     scfg.count_cycles = cfg.layer_cycles;
+    // (automatic: on where something may corrupt a frame: a real link, or fault injection)
     scfg.tcp_checksums = cfg.tcp_checksums == ContextConfig::Checksums::on ||
                          (cfg.tcp_checksums == ContextConfig::Checksums::automatic &&
-                          cfg.port.backend != io::Backend::memif);
+                          (cfg.port.backend != io::Backend::memif || port_->faults_on()));
     stack_ = std::make_unique<stack::Stack>(*port_, scfg);
     if (rx_thread) {
         flows_.assign(cfg.max_qp, nullptr);

@@ -731,7 +731,7 @@ private:
         }
         ctx_->run_until([] { return false; }, 50ms);
         if (o_.verbose) {
-            const auto& pc = ctx_->impl().port().counters();
+            const auto pc = ctx_->impl().port().counters();
             const auto& sc = ctx_->impl().stack().counters();
             const rte_eth_stats ds = ctx_->impl().port().device_stats();
             std::fprintf(stderr, "# %s: port rx %llu tx %llu tx_refused %llu imissed %llu | stack rx_dropped %llu "

@@ -40,6 +40,30 @@ enum class Backend {
 
 using MacAddress = std::array<std::uint8_t, 6>;
 
+// Fault injection on one direction of a port: the probability, per frame, of each fault (0 = never).
+struct FaultRates {
+    double drop = 0;       // freed, never delivered / sent
+    double duplicate = 0;  // delivered / sent twice (a copy follows it)
+    double reorder = 0;    // held back until the next burst: frames after it overtake it
+    double delay = 0;      // held back for FaultConfig::delay (released at the first burst after that)
+    double corrupt = 0;    // one bit flipped past the Ethernet header (IP or TCP checksum, or MPA CRC, must catch it)
+};
+// Fault injection in io (io/faults.hpp), for tests and soak runs: off by default and then free. Also set by the
+// environment: SOFTRDMA_FAULTS="rx_drop=0.01,tx_corrupt=0.01,delay_us=300,seed=7" ("all=0.01": every rate).
+// With faults on, a TX ring that is full drops frames (TCP resends them) rather than pushing back; a Context
+// with TCP checksums on `automatic` turns them on (a corrupted frame must be caught).
+struct FaultConfig {
+    FaultRates rx{};
+    FaultRates tx{};
+    std::chrono::microseconds delay{300};
+    std::uint64_t seed = 1;
+    bool any() const noexcept {
+        for (const FaultRates* r : {&rx, &tx})
+            if (r->drop > 0 || r->duplicate > 0 || r->reorder > 0 || r->delay > 0 || r->corrupt > 0) return true;
+        return false;
+    }
+};
+
 struct PortConfig {
     Backend backend = Backend::memif;
     // memif: socket path shared by both ends, one end the server. Same `memif_id` on both ends.
@@ -63,6 +87,8 @@ struct PortConfig {
     std::string capture_path;
     // How long opening waits for the link (for memif: the peer process, quietly) before failing.
     std::chrono::milliseconds link_timeout{10000};
+    // Fault injection (tests, soak); SOFTRDMA_FAULTS in the environment overrides it.
+    FaultConfig faults{};
 };
 
 // ---- the process's DPDK environment (EAL) and its cores ----------------------------------------------------

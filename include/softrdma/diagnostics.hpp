@@ -18,6 +18,11 @@ struct PortCounters {
     std::uint64_t tx_refused = 0;  // frames the TX ring could not take (the sender kept and retried them)
 };
 
+// Fault injection in io (PortConfig::faults), per direction: what was done to frames.
+struct FaultCounters {
+    std::uint64_t dropped = 0, duplicated = 0, reordered = 0, delayed = 0, corrupted = 0;
+};
+
 // The TCP/IP stack (lwIP) between the port and the protocol.
 struct StackCounters {
     std::uint64_t rx_frames = 0;

@@ -15,6 +15,7 @@
 #include <functional>
 #include <vector>
 
+#include "io/faults.hpp"
 #include "io/port.hpp"
 #include "tests/support/processes.hpp"
 
@@ -226,4 +227,106 @@ TEST_CASE("bad io configurations fail with one clear error", "[io][errors]") {
         eal.lcores = "250";
         check_failed_with(expect_open_failure(cfg, eal), "core list");
     }
+}
+
+// Fault injection, each fault alone at rate 1 on the TX side of a net_ring pair: what arrives is exactly what
+// the fault says, and every mbuf (held ones included) is back when the port is done. Then the RX side, and
+// the configuration's errors.
+TEST_CASE("fault injection: drop, duplicate, corrupt, delay and reorder do what they say; bad settings are "
+          "refused by name", "[io][faults]") {
+    const auto out = in_child([&] {
+        constexpr unsigned kFrames = 40;
+        constexpr std::uint16_t kLen = 100;
+        struct Case {
+            const char* name;
+            FaultRates rates;
+            bool on_rx;
+        };
+        const Case cases[] = {
+            {"drop", {.drop = 1}, false},      {"duplicate", {.duplicate = 1}, false},
+            {"corrupt", {.corrupt = 1}, false}, {"delay", {.delay = 1}, false},
+            {"reorder", {.reorder = 0.5}, false}, {"rx drop", {.drop = 1}, true},
+            {"rx duplicate", {.duplicate = 1}, true},
+        };
+        io::EalConfig eal;
+        eal.lcores = "0";
+        for (const Case& c : cases) {
+            io::PortConfig a, b;
+            a.backend = b.backend = Backend::ring;
+            (c.on_rx ? b.faults.rx : a.faults.tx) = c.rates;
+            a.faults.delay = b.faults.delay = std::chrono::microseconds(2000);
+            auto ports = io::open_ring_pair(a, b, eal);
+            io::Port& tx = *ports[0];
+            io::Port& rx = *ports[1];
+            const unsigned start_a = tx.mbufs_in_use(), start_b = rx.mbufs_in_use();
+            std::vector<rte_mbuf*> frames;
+            for (unsigned i = 0; i < kFrames; ++i) {
+                rte_mbuf* m = tx.alloc();
+                auto* p = static_cast<std::uint8_t*>(static_cast<void*>(rte_pktmbuf_append(m, kLen)));
+                for (unsigned k = 0; k < kLen; ++k) p[k] = static_cast<std::uint8_t>(i);
+                frames.push_back(m);
+            }
+            if (tx.tx_burst(frames) != kFrames) return 20;  // with faults every frame is taken
+            std::vector<std::vector<std::uint8_t>> got;
+            const auto t0 = std::chrono::steady_clock::now();
+            rte_mbuf* burst[32];
+            while (std::chrono::steady_clock::now() - t0 < 20ms) {
+                tx.tx_release_held();
+                const unsigned n = rx.rx_burst(burst);
+                for (unsigned j = 0; j < n; ++j) {
+                    const auto* p = rte_pktmbuf_mtod(burst[j], const std::uint8_t*);
+                    got.emplace_back(p, p + rte_pktmbuf_pkt_len(burst[j]));
+                    rte_pktmbuf_free(burst[j]);
+                }
+            }
+            const std::string name = c.name;
+            std::size_t in_order = 0;
+            for (std::size_t i = 1; i < got.size(); ++i)
+                if (got[i][20] >= got[i - 1][20]) ++in_order;
+            bool ok = true;
+            if (name == "drop" || name == "rx drop") ok = got.empty();
+            else if (name == "duplicate" || name == "rx duplicate") {
+                ok = got.size() == 2 * kFrames;
+                for (std::size_t i = 0; ok && i < got.size(); ++i) ok = got[i][20] == i / 2;
+            } else if (name == "corrupt") {
+                ok = got.size() == kFrames;  // one bit flipped past byte 14 of each frame, none before
+                for (std::size_t i = 0; ok && i < got.size(); ++i) {
+                    unsigned bits = 0;
+                    for (unsigned k = 0; k < kLen; ++k) bits += static_cast<unsigned>(__builtin_popcount(got[i][k] ^ static_cast<std::uint8_t>(i)));
+                    for (unsigned k = 0; k < 14; ++k) ok = ok && got[i][k] == i;
+                    ok = ok && bits == 1;
+                }
+            } else if (name == "delay") {
+                ok = got.size() == kFrames;
+                for (std::size_t i = 0; ok && i < got.size(); ++i) ok = got[i][20] == i;
+            } else if (name == "reorder") {
+                ok = got.size() == kFrames && in_order + 1 < got.size();  // all there, some overtaken
+            }
+            const FaultCounters f = c.on_rx ? rx.rx_fault_counters() : tx.tx_fault_counters();
+            report(name + ": " + std::to_string(got.size()) + " frames; dropped " + std::to_string(f.dropped) +
+                   " duplicated " + std::to_string(f.duplicated) + " corrupted " + std::to_string(f.corrupted) +
+                   " delayed " + std::to_string(f.delayed) + " reordered " + std::to_string(f.reordered));
+            if (!ok) return 21;
+            if (tx.faults_held() != 0 || rx.faults_held() != 0) return 22;
+            if (tx.mbufs_in_use() != start_a || rx.mbufs_in_use() != start_b) return 23;
+        }
+        // Settings: parsed, or refused by name.
+        const FaultConfig f = io::parse_faults("rx_drop=0.01,tx_corrupt=0.5,delay_us=50,seed=9");
+        if (f.rx.drop != 0.01 || f.tx.corrupt != 0.5 || f.delay.count() != 50 || f.seed != 9 || f.tx.drop != 0) return 24;
+        if (!io::parse_faults("all=0.02").any() || io::parse_faults("").any()) return 25;
+        for (const char* bad : {"rx_drop=2", "rx_drop=-1", "rx_drop=x", "nonsense=0.1", "rx_drop"}) {
+            try {
+                (void)io::parse_faults(bad);
+                return 26;
+            } catch (const std::invalid_argument& e) {
+                report(std::string("refused: ") + e.what());
+            }
+        }
+        report("ok");
+        return 0;
+    });
+    INFO(out.report);
+    CHECK_FALSE(out.timed_out);
+    CHECK(out.exit_code == 0);
+    CHECK(out.report.find("refused: faults: unknown key 'nonsense'") != std::string::npos);
 }

@@ -41,6 +41,10 @@ inline threading::ThreadingConfig test_threading() {
     return t;
 }
 
+// TCP checksums on in every Peer made from here on (memif leaves them off by default; both ends must agree):
+// set before forking the roles.
+inline bool g_checksums_on = false;
+
 // What each side tells the other in its MPA private data: one region.
 struct RemoteRegion {
     std::uint64_t addr{0};
@@ -87,6 +91,7 @@ struct Peer {
         cc.ip = cfg.stack.ip;
         cc.max_mr = 64;
         cc.max_qp = 8;
+        if (g_checksums_on) cc.tcp_checksums = verbs::ContextConfig::Checksums::on;
         // A capture and the layer accounting need run-to-completion mode.
         cc.layer_cycles = cfg.stack.count_cycles;
         if (cfg.port.capture_path.empty() && !cc.layer_cycles) cc.threading = test_threading();
@@ -149,7 +154,7 @@ struct Peer {
     }
 
     // Polls until n completions or the time limit; throws on a short count.
-    std::vector<verbs::WorkCompletion> wait_wc(std::size_t n) {
+    std::vector<verbs::WorkCompletion> wait_wc(std::size_t n, std::chrono::milliseconds limit = kWait) {
         std::vector<verbs::WorkCompletion> out;
         std::array<verbs::WorkCompletion, 16> batch;
         ctx->run_until(
@@ -158,7 +163,7 @@ struct Peer {
                 out.insert(out.end(), batch.begin(), batch.begin() + static_cast<std::ptrdiff_t>(k));
                 return out.size() >= n;
             },
-            kWait);
+            limit);
         if (out.size() < n)
             throw std::runtime_error("completions: " + std::to_string(out.size()) + " of " + std::to_string(n) +
                                      ", QP " + verbs::to_string(qp->state()));
