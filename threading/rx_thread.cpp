@@ -210,6 +210,7 @@ void RxThread::do_commands() noexcept {
             break;
         }
         case Cmd::Op::remove:
+            if (f.state == Flow::State::place) ooo_held_ -= f.nheld;
             for (unsigned i = 0; i < f.nheld; ++i) rte_pktmbuf_free(f.held[i]);  // held: ours, never acknowledged
             f.nheld = 0;
             if (f.state != Flow::State::unused) index_erase(f.key);
@@ -320,7 +321,12 @@ void RxThread::process(rte_mbuf* m) noexcept {
     case Flow::State::place:
         if (stack::seq_after(v.seq, fl->rcv_nxt)) {
             add(ooo_, 1);
-            forward_headers(f, v.hdr_len, 0, Kind::gap, id);
+            forward_headers(f, v.hdr_len, 0, Kind::gap, id);  // lwIP sees no payload and answers a duplicate ACK
+            if (m->nb_segs == 1 && fl->nheld < kHeld && ooo_held_ < kOooTotal) {
+                fl->held[fl->nheld++] = m;  // ownership: the flow's, until placed (place_held) or remove()
+                ++ooo_held_;
+                return;
+            }
         } else if (free_.read_available() == 0) {
             add(dropped_, 1);  // no slot for the headers: place nothing, so lwIP and we stay in step
         } else {
@@ -331,10 +337,39 @@ void RxThread::process(rte_mbuf* m) noexcept {
                 fl->rcv_nxt = end;
             }
             forward_headers(f, v.hdr_len, v.payload_len, Kind::headers, id);
+            if (fl->nheld != 0) place_held(*fl, id);
         }
         break;
     }
     rte_pktmbuf_free(m);
+}
+
+// Segments kept after a hole (place state) that the hole's filling made in order: placed, their headers
+// forwarded (lwIP, which saw them without payload, now takes them in order), freed. Ones wholly before
+// rcv_nxt (resent meanwhile) are freed. Stops when no slot is free for headers (they stay; the peer resends).
+void RxThread::place_held(Flow& fl, std::uint16_t id) noexcept {
+    for (unsigned i = 0; i < fl.nheld;) {
+        rte_mbuf* h = fl.held[i];
+        const std::byte* hf = rte_pktmbuf_mtod(h, const std::byte*);
+        const stack::TcpFrame hv = stack::parse_tcp_frame(hf, h->pkt_len);  // checked when it arrived
+        if (stack::seq_after(hv.seq, fl.rcv_nxt)) {
+            ++i;  // still beyond a hole
+            continue;
+        }
+        const std::uint32_t end = hv.seq + hv.payload_len;
+        if (stack::seq_after(end, fl.rcv_nxt)) {
+            if (free_.read_available() == 0) return;
+            const std::uint32_t skip = fl.rcv_nxt - hv.seq;
+            fl.sink->rx_payload(std::span<const std::byte>(hf + hv.hdr_len + skip, hv.payload_len - skip));
+            add(tcp_placed_, hv.payload_len - skip);
+            fl.rcv_nxt = end;
+            forward_headers(hf, hv.hdr_len, hv.payload_len, Kind::headers, id);
+        }
+        rte_pktmbuf_free(h);
+        --ooo_held_;
+        fl.held[i] = fl.held[--fl.nheld];
+        i = 0;  // rcv_nxt moved: look at all again
+    }
 }
 
 // The application thread sleeps (set_wakeup): wake it once. A write per wake-up, never per frame.

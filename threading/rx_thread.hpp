@@ -146,7 +146,13 @@ private:
     };
     // Frames of one flow held between handover() and go(). Sizing rule: what a peer sends in one application
     // turn after the MPA reply (a few frames); beyond it frames are dropped unacknowledged and TCP resends.
+    // In place state the same array keeps segments that arrived after a hole (out of order), to be placed
+    // once the hole is filled, as lwIP's out-of-sequence queue does run to completion: the peer then resends
+    // only the lost segment (lwIP has no SACK: without this it resends everything after the hole, one
+    // retransmission timeout at a time). At most kOooTotal such frames over all flows (the mbuf pool's
+    // margin, io/port.cpp kStackHeldFrames); beyond it their payload is dropped as before.
     static constexpr unsigned kHeld = 64;
+    static constexpr unsigned kOooTotal = 512;
     struct Flow {
         enum class State : std::uint8_t { unused, forward, hold, place } state{State::unused};
         std::uint64_t key{0};
@@ -160,6 +166,7 @@ private:
     bool push_cmd(const Cmd& c) noexcept;
     void do_commands() noexcept;
     void process(rte_mbuf* m) noexcept;
+    void place_held(Flow& fl, std::uint16_t id) noexcept;
     void forward_copy(const rte_mbuf* m, std::uint32_t tcp_payload) noexcept;
     void forward_headers(const std::byte* frame, std::uint32_t hdr_len, std::uint32_t payload_len, Kind kind,
                          std::uint16_t flow) noexcept;
@@ -193,6 +200,7 @@ private:
     int wake_fd_{-1};
     void wake() noexcept;
     // Written by the RX thread only (relaxed); read by anyone.
+    unsigned ooo_held_{0};  // frames kept after a hole, all flows (RX thread only)
     std::atomic<std::uint64_t> frames_{0}, bytes_copied_{0}, tcp_copied_{0}, tcp_placed_{0}, dropped_{0}, ooo_{0},
         stalled_{0};
     std::thread thread_;
