@@ -18,7 +18,10 @@
 // Handing a connection over without losing or doubling a byte: watch(rcv_nxt) makes the RX thread follow the
 // connection from the application's receive position, forwarding only in-order payload (a segment after a gap
 // is forwarded without its payload, and the application sends a duplicate ACK so the peer resends the gap),
-// so lwIP's rcv_nxt and the RX thread's stay equal. handover(sink) stops forwarding: the connection's frames
+// so lwIP's rcv_nxt and the RX thread's stay equal. Once placing, a segment after a gap also goes to lwIP
+// without its payload, but its mbuf is kept (bounded, see kHeld) and placed, its headers then forwarded with
+// the payload standing in, as soon as the gap is filled; a frame with a bad IP (or, when verified, TCP)
+// checksum is dropped before anything is placed, as lwIP would drop it. handover(sink) stops forwarding: the connection's frames
 // are held (as mbufs, bounded) and a marker goes into the frame ring; when the application reaches the marker,
 // lwIP has delivered every forwarded byte, and go() lets the RX thread place from exactly there.
 //
