@@ -5,6 +5,8 @@
 #include <catch2/catch.hpp>
 
 #include <poll.h>
+#include <sys/mman.h>
+#include <unistd.h>
 #include <sys/epoll.h>
 
 #include <cstring>
@@ -33,13 +35,31 @@ using namespace softrdma::test::verbs_fixture;  // with std::chrono_literals, Wc
 
 namespace {
 
+// One page of memory between two inaccessible pages: a byte written just outside it ends the process
+// (SIGSEGV), so a violation test that passes wrote nothing outside the region it was refused.
+struct GuardedPage {
+    std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+    std::byte* base = static_cast<std::byte*>(::mmap(nullptr, 3 * page, PROT_READ | PROT_WRITE,
+                                                    MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+    GuardedPage() {
+        if (base == MAP_FAILED || ::mprotect(base, page, PROT_NONE) != 0 ||
+            ::mprotect(base + 2 * page, page, PROT_NONE) != 0)
+            throw std::runtime_error("guard pages");
+    }
+    ~GuardedPage() { ::munmap(base, 3 * page); }
+    GuardedPage(const GuardedPage&) = delete;
+    GuardedPage& operator=(const GuardedPage&) = delete;
+    std::span<std::byte> span() const { return {base + page, page}; }
+};
+
 // The violation cases: the client does something the server must refuse. The server finds `want` (its
 // TerminateInfo::cause), sends the TERMINATE the security policy allows (SecurityConfig::opaque_access_errors,
 // on by default: every failed access to its memory reads "invalid STag", DDP's for a tagged offence, RDMAP's
 // for a READ or atomic request) and goes to ERR with its receives flushed; the client receives that TERMINATE
 // and goes to ERR with its receives (and any outstanding send WR) flushed.
 // `consumed`: how many of the server's two receives the offence uses first (they complete successfully; the
-// rest are flushed). `wrong_pd`: the server advertises a region of another PD. `tagged`: the offence is a
+// rest are flushed). The region the server advertises is a page between guard pages (GuardedPage).
+// `wrong_pd`: the server advertises a region of another PD. `tagged`: the offence is a
 // tagged message (WRITE), not a READ/atomic request.
 // The requester learns the cause three ways besides terminate_info(): the CM event's reason names it in words,
 // an async QP error (qp_access_err or qp_req_err, naming the QP) is queued at both ends, and the oldest send WR
@@ -64,12 +84,14 @@ void violation_case(const std::function<void(Peer&)>& offend, const TermCode wan
     };
     auto server = [&](const PeerConfig& cfg) {
         Peer p(cfg, 4096, server_access);
-        std::vector<std::byte> other(4096);
+        GuardedPage target, other;
+        auto gmr = p.pd->reg_mr(target.span(), server_access);
         auto pd2 = p.ctx->alloc_pd();
-        auto mr2 = pd2->reg_mr(other, kAll);
+        auto mr2 = pd2->reg_mr(other.span(), kAll);
         p.post_recv(1, 0, 64);
         p.post_recv(2, 64, 64);
-        p.serve(wrong_pd ? std::optional(RemoteRegion{mr2->addr(), mr2->rkey(), 4096}) : std::nullopt);
+        const auto& adv = wrong_pd ? mr2 : gmr;
+        p.serve(RemoteRegion{adv->addr(), adv->rkey(), static_cast<std::uint32_t>(adv->length())});
         auto wc = p.wait_wc(2);
         for (int i = 0; i < 2; ++i)
             Peer::expect(wc[i], i < consumed ? WcStatus::success : WcStatus::wr_flush_err, WcOpcode::recv, 1 + i);
@@ -81,13 +103,17 @@ void violation_case(const std::function<void(Peer&)>& offend, const TermCode wan
         if (!(t->code == wire)) throw std::runtime_error("wrong TERMINATE " + term_str(t->code) + ", wanted " + term_str(wire));
         if (p.qp->state() != verbs::QpState::err) throw std::runtime_error("server QP not in ERR");
         check_async(p);
+        for (std::byte b : target.span())
+            if (b != std::byte{0}) throw std::runtime_error("the refused region was written");
         mr2.reset();
+        gmr.reset();
         return p.end(0);
     };
     auto client = [&](const PeerConfig& cfg) {
         Peer p(cfg, 4096, verbs::access::local_write);
         p.post_recv(7, 0, 64);
         p.connect();
+        std::fill(p.buf.begin(), p.buf.end(), std::byte{0xab});  // what a refused WRITE would have put there
         offend(p);
         const auto ev = p.wait_event(verbs::CmEventType::disconnected);
         if (ev.reason.find(verbs::to_string(wire)) == std::string::npos)
@@ -198,6 +224,38 @@ TEST_CASE("WRITE above and below the region: TERMINATE base or bounds", "[verbs]
             },
             ddp::err::t_base_bounds, kAll);
     }
+}
+
+// A WRITE whose target address plus length wraps past 2^64 never reaches the wire: post_send refuses it (the
+// receiver's own check, TERMINATE "TO wrap", is tested on the endpoints in tests/rdmap), and the QP goes on.
+TEST_CASE("WRITE whose address plus length wraps past 2^64: refused at post, the connection goes on",
+          "[verbs][memif]") {
+    auto server = [](const PeerConfig& cfg) {
+        Peer p(cfg, 4096, kAll);
+        p.post_recv(1, 0, 64);
+        p.serve();
+        Peer::expect(p.wait_wc(1)[0], WcStatus::success, WcOpcode::recv, 1);
+        if (std::to_integer<int>(p.buf[100]) != 0x5a) throw std::runtime_error("the valid WRITE did not land");
+        return p.end(0);
+    };
+    auto client = [](const PeerConfig& cfg) {
+        Peer p(cfg, 4096, kAll);
+        p.connect();
+        std::fill(p.buf.begin(), p.buf.end(), std::byte{0x5a});
+        const verbs::Sge s = p.mr->sge(0, 32);
+        const verbs::SendWr wrap{.wr_id = 1, .opcode = verbs::WrOpcode::rdma_write, .sg_list = {&s, 1},
+                                 .rdma = {~std::uint64_t{0} - 15, p.remote.rkey}};
+        if (p.qp->post_send({&wrap, 1}).ok()) throw std::runtime_error("a wrapping WRITE was accepted");
+        const verbs::SendWr ok{.wr_id = 2, .opcode = verbs::WrOpcode::rdma_write, .sg_list = {&s, 1},
+                               .rdma = {p.remote.addr + 96, p.remote.rkey}};
+        p.post_send(ok);
+        p.post_send({.wr_id = 3, .opcode = verbs::WrOpcode::send, .send_flags = verbs::send_flags::signaled,
+                     .sg_list = {&s, 1}});
+        Peer::expect(p.wait_wc(1)[0], WcStatus::success, WcOpcode::send, 3);
+        if (p.qp->state() != verbs::QpState::rts) throw std::runtime_error("QP left RTS");
+        return p.end(0);
+    };
+    check_outcomes(run_pair(server, client));
 }
 
 TEST_CASE("WRITE to a region of another PD: TERMINATE STag not associated", "[verbs][memif]") {
