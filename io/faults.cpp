@@ -129,7 +129,10 @@ std::uint16_t FaultInjector::apply(std::span<rte_mbuf*> buf, std::uint16_t n) no
             continue;
         }
         if (out == buf.size()) {  // no room (held frames filled it): keep it for the next burst
-            if (!hold(m, now)) rte_pktmbuf_free(m), ++counters_.dropped;
+            if (!hold(m, now)) {
+                rte_pktmbuf_free(m);  // nowhere to keep it: lost, as on a full link
+                ++counters_.dropped;
+            }
             continue;
         }
         buf[out++] = m;

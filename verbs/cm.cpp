@@ -73,10 +73,7 @@ namespace {
 
 // A TERMINATE we sent because the peer failed an access to our memory or an invalidation (what a host probing
 // for STags causes; SecurityConfig::max_access_errors_per_peer counts them).
-bool is_access_error(TermCode c) {
-    return (c.layer == TermLayer::ddp && c.etype == ddp::err::kEtypeTagged && c != ddp::err::t_version) ||
-           (c.layer == TermLayer::rdmap && c.etype == rdmap::err::kEtypeProtection) || c == rdmap::err::o_cannot_invalidate;
-}
+bool is_access_error(TermCode c) { return term_effect(c, 0).async == AsyncEventType::qp_access_err; }
 
 // "a.b.c.d:port" of the peer, for messages.
 std::string peer_of(const stack::TcpConnection& c) {

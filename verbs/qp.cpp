@@ -403,7 +403,7 @@ void Qp::flush_rq() noexcept {
 // The TERMINATE that ends this QP's stream: kept for terminate_info(), and told as an async QP error.
 void Qp::note_terminate(const TerminateInfo& t) noexcept {
     term_ = t;
-    engine_.push_async(AsyncEvent{.type = term_async_type(t.received ? t.code : t.cause, t.received ? t.raw : 0),
+    engine_.push_async(AsyncEvent{.type = term_effect(t.received ? t.code : t.cause, t.received ? t.raw : 0).async,
                                   .qp_num = qp_num_, .term = t});
 }
 

@@ -195,41 +195,19 @@ void RxHalf::on_terminate(const rdmap::TermReport& t) {
     if (n != 0) std::memcpy(term_.term.data(), t.frame.data(), n);  // a received TERMINATE has no frame to send
     term_.term_len = static_cast<std::uint8_t>(n);
     term_pending_ = true;
-    if (t.received) first_status_ = term_wc_status(t.code, t.raw);
+    if (t.received) first_status_ = term_effect(t.code, t.raw).status;
 }
 
-namespace {
-// How an application should read a TERMINATE code (the RFC's layout, or Linux siw x86's when only that names
-// a code).
-enum class TermClass : std::uint8_t { access, request, other };
-TermClass term_class(TermCode c, std::uint32_t raw) noexcept {
+TermEffect term_effect(TermCode c, std::uint32_t raw) noexcept {
+    // The RFC's layout, or Linux siw x86's when only that names a code.
     if (rdmap::term_text(c) == nullptr && rdmap::term_text(rdmap::term_code_siw_x86(raw)) != nullptr)
         c = rdmap::term_code_siw_x86(raw);
     if ((c.layer == TermLayer::ddp && c.etype == ddp::err::kEtypeTagged && c != ddp::err::t_version) ||
         (c.layer == TermLayer::rdmap && c.etype == rdmap::err::kEtypeProtection) || c == rdmap::err::o_cannot_invalidate)
-        return TermClass::access;
+        return {AsyncEventType::qp_access_err, WcStatus::rem_access_err};
     if (c.layer == TermLayer::ddp && c.etype == ddp::err::kEtypeUntagged && c != ddp::err::u_version)
-        return TermClass::request;
-    return TermClass::other;
-}
-}  // namespace
-
-AsyncEventType term_async_type(TermCode c, std::uint32_t raw) noexcept {
-    switch (term_class(c, raw)) {
-    case TermClass::access: return AsyncEventType::qp_access_err;
-    case TermClass::request: return AsyncEventType::qp_req_err;
-    case TermClass::other: break;
-    }
-    return AsyncEventType::qp_fatal;
-}
-
-WcStatus term_wc_status(TermCode c, std::uint32_t raw) noexcept {
-    switch (term_class(c, raw)) {
-    case TermClass::access: return WcStatus::rem_access_err;
-    case TermClass::request: return WcStatus::rem_inv_req_err;
-    case TermClass::other: break;
-    }
-    return WcStatus::rem_op_err;
+        return {AsyncEventType::qp_req_err, WcStatus::rem_inv_req_err};
+    return {AsyncEventType::qp_fatal, WcStatus::rem_op_err};
 }
 
 void RxHalf::on_inbound_request(const rdmap::IrqEntry& r) { sink_->emit(RxEvent{.kind = RxEvent::Kind::inbound, .irq = r}); }

@@ -99,10 +99,14 @@ struct RxEvent {
     std::array<std::byte, rdmap::kTerminateLen + 2 + rdmap::kMaxHeaderLen> term{};
 };
 
-// What a TERMINATE says, for the application: the async event it raises, and (received) the status of the
-// oldest send WR it kills (see WcStatus). `raw` lets a Linux siw x86 peer's swapped layout be read as meant.
-AsyncEventType term_async_type(TermCode c, std::uint32_t raw) noexcept;
-WcStatus term_wc_status(TermCode c, std::uint32_t raw) noexcept;
+// What a TERMINATE says, for the application: the async event it raises (qp_access_err for an access to
+// memory: also what SecurityConfig counts against a probing peer), and (received) the status of the oldest
+// send WR it kills (see WcStatus). `raw` lets a Linux siw x86 peer's swapped layout be read as meant.
+struct TermEffect {
+    AsyncEventType async;
+    WcStatus status;
+};
+TermEffect term_effect(TermCode c, std::uint32_t raw) noexcept;
 
 class RxEventSink {
 public:
