@@ -27,6 +27,7 @@ namespace {
 
 constexpr std::uint32_t kEthHeader = 14 + 4;  // Ethernet header + one VLAN tag of slack
 constexpr unsigned kPoolCache = 256;          // per-lcore mempool cache (DPDK's recommended size)
+constexpr std::uint32_t kMinSpareMbufs = 64;  // a hand-sized pool: beyond a full RX ring, two bursts' worth
 // Frames the TCP stack may hold at once outside the driver's rings: RX frames wrapped as pbufs sitting in
 // receive queues and out-of-order queues (bounded per pcb by TCP_OOSEQ_MAX_PBUFS in lwipopts.h) plus its
 // TX queue (stack::Stack::kTxQueue = 1024). Busy connections consume their data promptly; beyond this, RX drops and TCP resends.
@@ -313,6 +314,12 @@ void Port::start(const PortConfig& cfg) {
         }
     }
     std::uint32_t n = cfg.mbufs;
+    // A pool set by hand may be small (frames then wait for mbufs, or are dropped and resent by TCP), but not
+    // below a full RX ring plus a few bursts: with less, a port whose RX ring is full could send nothing.
+    if (n != 0 && n < cfg.rx_descriptors + kMinSpareMbufs)
+        throw Error("PortConfig::mbufs " + std::to_string(n) + " is below the minimum " +
+                    std::to_string(cfg.rx_descriptors + kMinSpareMbufs) + " (rx_descriptors + " +
+                    std::to_string(kMinSpareMbufs) + "; 0 = sized by the rule)");
     if (n == 0) {
         // (+ what fault injection may hold back, both directions, when it is on)
         const std::uint32_t need = cfg.rx_descriptors + cfg.tx_descriptors + kStackHeldFrames +
@@ -325,7 +332,9 @@ void Port::start(const PortConfig& cfg) {
     // Unique per process: a closed port's id is reused by the next port while the old Port may still exist.
     static std::atomic<unsigned> pools{0};
     const std::string pool_name = "softrdma_p" + std::to_string(port_id_) + "_" + std::to_string(pools++);
-    pool_ = rte_pktmbuf_pool_create(pool_name.c_str(), n, kPoolCache, 0,
+    // DPDK wants the per-lcore cache well below the pool (at most n / 1.5); a small pool gets a small cache.
+    const unsigned cache = std::min<unsigned>(kPoolCache, n / 8);
+    pool_ = rte_pktmbuf_pool_create(pool_name.c_str(), n, cache, 0,
                                     static_cast<std::uint16_t>(data_room_for(cfg.mtu)), rte_socket_id());
     if (pool_ == nullptr)
         throw Error("cannot allocate " + std::to_string(n) + " mbufs of " + std::to_string(data_room_for(cfg.mtu)) +

@@ -358,6 +358,12 @@ unsigned Stack::active_pcbs() const noexcept {
     return n;
 }
 
+std::uint64_t Stack::queued_bytes() const noexcept {
+    std::uint64_t n = 0;
+    for (tcp_pcb* p = tcp_active_pcbs; p != nullptr; p = p->next) n += static_cast<std::uint32_t>(p->snd_lbb - p->lastack);
+    return n;
+}
+
 std::string Stack::protocol_counters() const {
     const auto& t = lwip_stats.tcp;
     return "tcp xmit=" + std::to_string(t.xmit) + " recv=" + std::to_string(t.recv) + " drop=" +

@@ -98,6 +98,9 @@ public:
     void purge_time_wait() noexcept;
     // Number of lwIP TCP pcbs that are active (neither listening nor in TIME_WAIT).
     unsigned active_pcbs() const noexcept;
+    // Bytes the active connections have queued (written, not yet acknowledged by their peers), summed: what a
+    // closing Context watches to tell a slow but progressing close from a stuck one.
+    std::uint64_t queued_bytes() const noexcept;
 
     PoolUsage pool_usage() const;
     // lwIP's TCP/IP counters in one line (xmit, recv, drop, memerr, checksum and protocol errors).

@@ -177,7 +177,14 @@ bool TcpConnection::close() noexcept {
     if (pcb_ == nullptr) return true;
     tcp_setprio(pcb_, static_cast<u8_t>(TcpPriority::expendable));
     detach();
-    if (tcp_close(pcb_) != ERR_OK) {  // no memory for the FIN: still ours, callbacks back on
+    // An open connection gets our FIN with its receive side left open: what the peer still sends until its own
+    // FIN (a segment already on its way, a first-FPDU nudge) is acknowledged and dropped by lwIP (tcp_recv_null:
+    // no receive callback after detach). tcp_close() would instead answer such a segment with a reset, which
+    // purges what we still had to send: the peer would lose the tail of our stream. The pcb then ends as
+    // every closed pcb does (TIME_WAIT, or reset); one whose peer never closes stays in FIN_WAIT_2 at the lowest
+    // priority, the first lwIP reuses when it needs a pcb.
+    const bool open = pcb_->state == ESTABLISHED || pcb_->state == CLOSE_WAIT || pcb_->state == SYN_RCVD;
+    if ((open ? tcp_shutdown(pcb_, 0, 1) : tcp_close(pcb_)) != ERR_OK) {  // no memory for the FIN: still ours
         attach();
         return false;
     }

@@ -57,12 +57,16 @@ const char* to_string(AsyncEventType t) noexcept {
     case AsyncEventType::qp_fatal: return "QP fatal error";
     case AsyncEventType::qp_req_err: return "QP invalid request error";
     case AsyncEventType::qp_access_err: return "QP access error";
+    case AsyncEventType::cq_err: return "CQ overrun";
     }
     return "?";
 }
 
 std::string AsyncEvent::describe() const {
     if (type == AsyncEventType::srq_limit_reached) return to_string(type);
+    if (type == AsyncEventType::cq_err)
+        return "CQ overrun: a completion of QP " + std::to_string(qp_num) +
+               " found the CQ full and was lost (size CQs for every outstanding WR of their QPs)";
     return std::string(to_string(type)) + " on QP " + std::to_string(qp_num) + ": " + term.describe();
 }
 

@@ -33,9 +33,10 @@ Cq::~Cq() { ::close(efd_); }
 
 bool Cq::get_event() noexcept { return drain_fd(efd_); }
 
-void Cq::push(const WorkCompletion& wc) noexcept {
+bool Cq::push(const WorkCompletion& wc) noexcept {
+    bool first_lost = false;
     if (count_ == ring_.size()) {
-        ++overruns_;
+        first_lost = overruns_++ == 0;
     } else {
         ring_[(head_ + count_) % ring_.size()] = wc;
         ++count_;
@@ -46,6 +47,7 @@ void Cq::push(const WorkCompletion& wc) noexcept {
         armed_ = Arm::none;
         signal_fd(efd_);
     }
+    return first_lost;
 }
 
 std::size_t Cq::poll(std::span<WorkCompletion> out) noexcept {
@@ -89,8 +91,8 @@ const char* to_string(WcOpcode o) noexcept {
     return "?";
 }
 
-CompletionQueue::CompletionQueue(std::shared_ptr<detail::Cq> impl) : impl_(std::move(impl)) {}
-CompletionQueue::~CompletionQueue() = default;
+CompletionQueue::CompletionQueue(std::shared_ptr<detail::Cq> impl) : impl_(std::move(impl)) { impl_->set_handle(this); }
+CompletionQueue::~CompletionQueue() { impl_->set_handle(nullptr); }
 std::size_t CompletionQueue::poll(std::span<WorkCompletion> out) noexcept { return impl_->poll(out); }
 std::size_t CompletionQueue::size() const noexcept { return impl_->size(); }
 std::uint32_t CompletionQueue::capacity() const noexcept { return impl_->capacity(); }

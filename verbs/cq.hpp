@@ -18,8 +18,9 @@ public:
     Cq(const Cq&) = delete;
     Cq& operator=(const Cq&) = delete;
 
-    // A completion, or an overrun counted when the ring is full (sizing rule in verbs.hpp).
-    void push(const WorkCompletion& wc) noexcept;
+    // A completion, or an overrun counted when the ring is full (sizing rule in verbs.hpp). True for the first
+    // completion this CQ lost: the pusher then queues the cq_err async event (once per CQ, as verbs' CQ error).
+    [[nodiscard]] bool push(const WorkCompletion& wc) noexcept;
     std::size_t poll(std::span<WorkCompletion> out) noexcept;
     std::size_t size() const noexcept { return count_; }
     std::uint32_t capacity() const noexcept { return static_cast<std::uint32_t>(ring_.size()); }
@@ -27,6 +28,9 @@ public:
     void req_notify(bool solicited_only) noexcept { armed_ = solicited_only ? Arm::solicited : Arm::next; }
     int fd() const noexcept { return efd_; }
     bool get_event() noexcept;
+    // The handle the application holds, for its async events (null once it is destroyed).
+    CompletionQueue* handle() const noexcept { return handle_; }
+    void set_handle(CompletionQueue* h) noexcept { handle_ = h; }
 
 private:
     enum class Arm : std::uint8_t { none, next, solicited };
@@ -36,6 +40,7 @@ private:
     std::size_t head_{0};
     std::size_t count_{0};
     std::uint64_t overruns_{0};
+    CompletionQueue* handle_{nullptr};
 };
 
 // eventfd helpers shared with the engine.

@@ -69,10 +69,18 @@ void Engine::close() noexcept {
     // Connections still in use are reset (their QPs flushed, in ERR); those already ending in order keep their
     // FIN. No events: nobody reads them any more.
     for (std::size_t i = 0; i < conns_.size(); ++i) conns_[i]->close_for_context();
-    // Connections still closing (our FIN not yet acknowledged, the peer's not yet answered) need polling to
-    // finish; a process that stops polling leaves its peer waiting. Bounded by close_linger.
-    if (cfg_.close_linger.count() > 0)
-        run_until([this] { return stack_->active_pcbs() == 0; }, cfg_.close_linger);
+    // Connections still closing (data and our FIN not yet acknowledged, the peer's FIN not yet answered) need
+    // polling to finish; a process that stops polling leaves its peer waiting, and a connection reset here
+    // loses what it still had to send. Bounded by close_linger without progress: while the peers keep
+    // acknowledging (fewer bytes queued or fewer connections than a close_linger ago) the wait goes on, up to
+    // kLingerWindows x close_linger in all (1024 connections with full send queues end in order).
+    constexpr int kLingerWindows = 20;
+    for (int w = 0; w < kLingerWindows && cfg_.close_linger.count() > 0; ++w) {
+        const unsigned pcbs = stack_->active_pcbs();
+        const std::uint64_t queued = stack_->queued_bytes();
+        if (run_until([this] { return stack_->active_pcbs() == 0; }, cfg_.close_linger)) break;
+        if (stack_->active_pcbs() >= pcbs && stack_->queued_bytes() >= queued) break;  // no progress: give up
+    }
     // From here nothing may reach lwIP or the port after they go: every TCP object is released now.
     for (Listener* l : listeners_) l->close_for_context();
     for (std::size_t i = 0; i < conns_.size(); ++i) conns_[i]->drop_tcp();

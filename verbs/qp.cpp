@@ -85,6 +85,10 @@ void Qp::free_slot(std::uint32_t slot) noexcept {
     --sq_used_;
 }
 
+void Qp::complete(Cq& cq, const WorkCompletion& wc) noexcept {
+    if (cq.push(wc)) engine_.push_async(AsyncEvent{.type = AsyncEventType::cq_err, .cq = cq.handle(), .qp_num = qp_num_});
+}
+
 void Qp::complete_send(std::uint32_t slot, WcStatus st) noexcept {
     const SqSlot& s = sq_[slot];
     if (st == WcStatus::wr_flush_err && fail_status_) {  // the oldest WR the connection's end kills: its cause
@@ -92,7 +96,7 @@ void Qp::complete_send(std::uint32_t slot, WcStatus st) noexcept {
         fail_status_.reset();
     }
     if (st != WcStatus::success || s.signaled)
-        send_cq_.push(WorkCompletion{.wr_id = s.wr_id, .status = st, .opcode = s.opcode, .byte_len = s.byte_len,
+        complete(send_cq_, WorkCompletion{.wr_id = s.wr_id, .status = st, .opcode = s.opcode, .byte_len = s.byte_len,
                                      .qp_num = qp_num_});
     free_slot(slot);
 }
@@ -122,7 +126,7 @@ PostResult<SendWr> Qp::post_send_inner(std::span<const SendWr> wrs) noexcept {
         case WrOpcode::atomic_cmp_and_swp: wc_op = WcOpcode::comp_swap; break;
         }
         if (state_ == QpState::err) {  // verbs: a WR posted in ERR completes with a flush error
-            send_cq_.push(WorkCompletion{.wr_id = wr.wr_id, .status = WcStatus::wr_flush_err, .opcode = wc_op,
+            complete(send_cq_, WorkCompletion{.wr_id = wr.wr_id, .status = WcStatus::wr_flush_err, .opcode = wc_op,
                                          .qp_num = qp_num_});
             continue;
         }
@@ -247,7 +251,7 @@ PostResult<RecvWr> Qp::post_recv_inner(std::span<const RecvWr> wrs) noexcept {
         if (state_ == QpState::reset || srq_ != nullptr) return {PostErrc::invalid_state, &wr};
         if (wr.sg_list.size() > cap_.max_recv_sge) return {PostErrc::too_many_sge, &wr};
         if (state_ == QpState::err) {
-            recv_cq_.push(WorkCompletion{.wr_id = wr.wr_id, .status = WcStatus::wr_flush_err, .opcode = WcOpcode::recv,
+            complete(recv_cq_, WorkCompletion{.wr_id = wr.wr_id, .status = WcStatus::wr_flush_err, .opcode = WcOpcode::recv,
                                          .qp_num = qp_num_});
             continue;
         }
@@ -339,7 +343,7 @@ void Qp::on_request_sent(const rdmap::OrqEntry& e) {
 
 void Qp::apply(const RxEvent& e) noexcept {
     switch (e.kind) {
-    case RxEvent::Kind::recv: recv_cq_.push(e.wc); break;
+    case RxEvent::Kind::recv: complete(recv_cq_, e.wc); break;
     case RxEvent::Kind::request_done:
         if (tx_.started()) tx_.ep().request_done();  // an ORD credit back
         if (e.slot < sq_.size()) complete_send(static_cast<std::uint32_t>(e.slot), e.status);
@@ -389,14 +393,14 @@ void Qp::note_rx_start() noexcept {
 // after detach_rx() gave the receive half back to this thread.
 void Qp::flush_rq() noexcept {
     if (recv_.has) {  // with an SRQ: the WR this QP took; the SRQ's own WRs stay for the other QPs
-        recv_cq_.push(WorkCompletion{.wr_id = recv_.bound.wr_id,
+        complete(recv_cq_, WorkCompletion{.wr_id = recv_.bound.wr_id,
                                      .status = recv_.gone ? WcStatus::loc_prot_err : WcStatus::wr_flush_err,
                                      .opcode = WcOpcode::recv, .qp_num = qp_num_});
         recv_.has = false;
     }
     RecvSlot r;
     while (recv_.ring.pop(r))
-        recv_cq_.push(WorkCompletion{.wr_id = r.wr_id, .status = WcStatus::wr_flush_err, .opcode = WcOpcode::recv,
+        complete(recv_cq_, WorkCompletion{.wr_id = r.wr_id, .status = WcStatus::wr_flush_err, .opcode = WcOpcode::recv,
                                      .qp_num = qp_num_});
 }
 

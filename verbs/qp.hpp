@@ -141,6 +141,8 @@ private:
     std::uint32_t alloc_slot() noexcept;
     void free_slot(std::uint32_t slot) noexcept;
     void complete_send(std::uint32_t slot, WcStatus st) noexcept;
+    // Every completion of this QP goes through here: a CQ's first lost completion becomes its cq_err event.
+    void complete(Cq& cq, const WorkCompletion& wc) noexcept;
     PostErrc check_sge(const Sge& s, bool need_write, std::span<std::byte>& out, Lease& lease) const noexcept;
     PostResult<SendWr> post_send_inner(std::span<const SendWr> wrs) noexcept;
     PostResult<RecvWr> post_recv_inner(std::span<const RecvWr> wrs) noexcept;

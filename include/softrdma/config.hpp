@@ -81,6 +81,8 @@ struct PortConfig {
     std::uint16_t rx_descriptors = 1024;
     std::uint16_t tx_descriptors = 1024;
     // mbufs in the pool; 0 = the sizing rule in io/port.cpp (rx + tx descriptors + frames the stack may hold).
+    // Set by hand it may be smaller (frames then wait for mbufs or are resent: slower, nothing lost), but not
+    // below rx_descriptors + 64 (opening says so).
     std::uint32_t mbufs = 0;
     // Write every frame sent and received to this pcap file (tshark/Wireshark); empty = off. Debug aid:
     // it costs a buffered file write per frame.

@@ -214,7 +214,9 @@ struct WorkCompletion {
 
 // A bounded ring of completions, allocated at creation. Sizing rule: at least the sum of max_send_wr +
 // max_recv_wr of the QPs that use it (each outstanding WR yields at most one entry); an entry that finds the
-// ring full is dropped and counted in overruns() (the CQ overrun error of verbs).
+// ring full is lost and counted in overruns(), and the first one queues a cq_err async event naming the CQ
+// (verbs' CQ overrun error, IBV_EVENT_CQ_ERR): the application's accounting of its work requests is then
+// broken, and it should treat the CQ as failed (as a verbs provider does) rather than go on.
 class CompletionQueue {
 public:
     explicit CompletionQueue(std::shared_ptr<detail::Cq> impl);  // made by Context::create_cq
@@ -315,14 +317,15 @@ private:
     std::shared_ptr<detail::Srq> impl_;
 };
 
-// Asynchronous events (ibv_async_event). srq_limit_reached names `srq`. The QP errors name the QP by `qp_num`
+// Asynchronous events (ibv_async_event). srq_limit_reached names `srq`; cq_err (a completion lost to a full
+// CQ, once per CQ) names `cq` and the QP whose completion it was. The QP errors name the QP by `qp_num`
 // (a handle could be gone before the event is read) and carry the TERMINATE that put it in ERR:
 //   qp_access_err  a TERMINATE for an access to memory (sent: the peer's offence; received: ours)
 //   qp_req_err     a TERMINATE for a message that could not be taken (no receive, too long, bad MSN/queue)
 //   qp_fatal       any other TERMINATE
 // describe() says it in words. A connection that ends without a TERMINATE (close, reset, a dead peer) is a CM
 // event (disconnected, with its reason), not an async event.
-enum class AsyncEventType : std::uint8_t { srq_limit_reached, qp_fatal, qp_req_err, qp_access_err };
+enum class AsyncEventType : std::uint8_t { srq_limit_reached, qp_fatal, qp_req_err, qp_access_err, cq_err };
 const char* to_string(AsyncEventType t) noexcept;
 struct TerminateInfo;
 
@@ -369,7 +372,8 @@ struct TerminateInfo {
 struct AsyncEvent {
     AsyncEventType type{AsyncEventType::srq_limit_reached};
     SharedReceiveQueue* srq{nullptr};  // srq_limit_reached
-    std::uint32_t qp_num{0};           // the QP errors
+    CompletionQueue* cq{nullptr};      // cq_err (null if the application has destroyed its handle)
+    std::uint32_t qp_num{0};           // the QP errors; cq_err: the QP whose completion was lost
     TerminateInfo term{};              // the QP errors
     std::string describe() const;      // control path (allocates)
 };
@@ -622,8 +626,10 @@ struct ContextConfig {
     // corrupt a frame, and both ends use this policy; captures then show checksum 0); on everywhere else
     // (af_packet, devices: a kernel or RNIC peer checks them). IP header checksums are always on.
     enum class Checksums : std::uint8_t { automatic, on, off } tcp_checksums{Checksums::automatic};
-    // The destructor keeps polling up to this long while connections finish closing (FIN handshakes), so the
-    // peer sees an orderly end even if the application stops polling right after its disconnected event.
+    // The destructor keeps polling while connections finish closing (data still queued, FIN handshakes), so the
+    // peer gets everything and an orderly end even if the application stops polling right after its
+    // disconnected event: up to this long without progress (bytes acknowledged, connections closed), and at
+    // most 20 times this long in all; what is left then is reset.
     std::chrono::milliseconds close_linger{500};
     SecurityConfig security{};
     // The application thread inside run_until() / wait_cm_event() / drain() when a turn receives nothing:

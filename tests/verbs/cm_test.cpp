@@ -287,10 +287,14 @@ TEST_CASE("disconnect right after posting 8 MiB: everything completes, the peer 
     check_outcomes(run_pair(server, client));
 }
 
-TEST_CASE("1024 QPs connected in one process pair, each exchanging a SEND both ways", "[verbs][memif][tsan-slow]") {
+TEST_CASE("1024 QPs, every queue full: 8 SENDs of 1 KiB each way on each, the ninth refused, all checked", "[verbs][memif][tsan-slow][limits]") {
     constexpr std::uint32_t kQps = 1024;
-    constexpr std::uint32_t kLen = 32;
-    // One CQ, one MR (kLen bytes per QP for receives, kLen for sends), small queues: 2 WRs each way.
+    constexpr std::uint32_t kDepth = 8;     // max_send_wr = max_recv_wr, all posted at once
+    constexpr std::uint32_t kLen = 1024;
+    constexpr std::uint32_t kMsgs = kQps * kDepth;
+    // One CQ (sized by the rule: every WR of every QP), one MR: kLen bytes per receive, then kLen per send.
+    // 8 MiB in flight each way at once: far more than lwIP's segment pool holds (sized for 32 busy connections,
+    // stack/lwip-port/lwipopts.h), so the send queues wait on TCP (back-pressure), nothing is lost.
     struct Many {
         std::unique_ptr<verbs::Context> ctx;
         stack::PoolUsage baseline;
@@ -306,40 +310,65 @@ TEST_CASE("1024 QPs connected in one process pair, each exchanging a SEND both w
             ctx = verbs::Context::open(cc);
             baseline = ctx->impl().stack().pool_usage();
             pd = ctx->alloc_pd();
-            cq = ctx->create_cq(4 * kQps);
-            buf.resize(2 * kLen * kQps);
+            cq = ctx->create_cq(2 * kMsgs);
+            buf.resize(std::size_t{2} * kLen * kMsgs);
             mr = pd->reg_mr(buf, verbs::access::local_write);
             for (std::uint32_t i = 0; i < kQps; ++i) {
                 qps.push_back(pd->create_qp({.send_cq = cq.get(), .recv_cq = cq.get(),
-                                             .cap = {.max_send_wr = 2, .max_recv_wr = 2, .max_inline_data = 0}}));
-                const verbs::Sge s = mr->sge(kLen * i, kLen);
-                const verbs::RecvWr r{.wr_id = i, .sg_list = {&s, 1}};
-                if (!qps.back()->post_recv({&r, 1}).ok()) throw std::runtime_error("post_recv");
+                                             .cap = {.max_send_wr = kDepth, .max_recv_wr = kDepth, .max_inline_data = 0}}));
+                std::array<verbs::Sge, kDepth + 1> s;
+                std::array<verbs::RecvWr, kDepth + 1> r;
+                for (std::uint32_t k = 0; k <= kDepth; ++k) {
+                    s[k] = mr->sge(std::size_t{kLen} * (i * kDepth + k % kDepth), kLen);
+                    r[k] = {.wr_id = i * kDepth + k, .sg_list = {&s[k], 1}};
+                }
+                const auto res = qps.back()->post_recv(r);  // one more than the depth: the last is refused
+                if (res.err != verbs::PostErrc::queue_full || res.bad_wr != &r[kDepth])
+                    throw std::runtime_error(std::string("post_recv past the depth: ") + verbs::to_string(res.err));
             }
         }
-        void send(std::uint32_t i) {
-            std::memcpy(buf.data() + kLen * (kQps + i), &i, 4);
-            const verbs::Sge s = mr->sge(kLen * (kQps + i), kLen);
-            const verbs::SendWr w{.wr_id = i, .opcode = verbs::WrOpcode::send, .sg_list = {&s, 1}};
-            if (!qps[i]->post_send({&w, 1}).ok()) throw std::runtime_error("post_send " + std::to_string(i));
+        // All kDepth SENDs of QP i in one post (plus one: refused, the queue is full); message k of QP i carries
+        // pattern (seed, i * kDepth + k).
+        void send(std::uint32_t i, std::uint64_t seed) {
+            std::array<verbs::Sge, kDepth + 1> s;
+            std::array<verbs::SendWr, kDepth + 1> w;
+            for (std::uint32_t k = 0; k <= kDepth; ++k) {
+                const std::size_t at = std::size_t{kLen} * (kMsgs + i * kDepth + k % kDepth);
+                if (k < kDepth) fill_pattern(seed, std::uint64_t{kLen} * (i * kDepth + k), std::span(buf).subspan(at, kLen));
+                s[k] = mr->sge(at, kLen);
+                w[k] = {.wr_id = i * kDepth + k, .opcode = verbs::WrOpcode::send, .sg_list = {&s[k], 1}};
+            }
+            const auto res = qps[i]->post_send(w);
+            if (res.err != verbs::PostErrc::queue_full || res.bad_wr != &w[kDepth])
+                throw std::runtime_error("post_send " + std::to_string(i) + " past the depth: " + verbs::to_string(res.err));
         }
-        // Waits for kQps receive completions, each carrying its QP's index.
-        void receive_all() {
+        // Waits for every receive completion: each QP's in posting order, each message's bytes its own.
+        void receive_all(std::uint64_t seed) {
             std::array<verbs::WorkCompletion, 64> wcs;
+            std::vector<std::uint32_t> next(kQps, 0);
             std::uint32_t got = 0;
             ctx->run_until([&] {
                 const std::size_t n = cq->poll(wcs);
                 for (std::size_t k = 0; k < n; ++k) {
-                    if (wcs[k].status != WcStatus::success || wcs[k].opcode != WcOpcode::recv)
-                        throw std::runtime_error("bad completion on QP " + std::to_string(wcs[k].qp_num));
-                    std::uint32_t v = 0;
-                    std::memcpy(&v, buf.data() + kLen * wcs[k].wr_id, 4);
-                    if (v != wcs[k].wr_id) throw std::runtime_error("content on " + std::to_string(v));
+                    if (wcs[k].status != WcStatus::success || wcs[k].opcode != WcOpcode::recv || wcs[k].byte_len != kLen) {
+                        std::string why;
+                        while (auto ev = ctx->get_cm_event()) why += std::string(" [") + verbs::to_string(ev->type) + ": " + ev->reason + "]";
+                        report(why);
+                        throw std::runtime_error(why + "bad completion on QP " + std::to_string(wcs[k].qp_num) + ": " +
+                                                 verbs::to_string(wcs[k].status) + ", opcode " +
+                                                 verbs::to_string(wcs[k].opcode) + ", " +
+                                                 std::to_string(wcs[k].byte_len) + " bytes, wr_id " +
+                                                 std::to_string(wcs[k].wr_id));
+                    }
+                    const auto id = static_cast<std::uint32_t>(wcs[k].wr_id);
+                    if (id % kDepth != next[id / kDepth]++) throw std::runtime_error("receive out of order");
+                    if (check_pattern(seed, std::uint64_t{kLen} * id, std::span(buf).subspan(std::size_t{kLen} * id, kLen)) >= 0)
+                        throw std::runtime_error("content of message " + std::to_string(id));
                     ++got;
                 }
-                return got == kQps;
-            }, 60s);
-            if (got != kQps) throw std::runtime_error("received " + std::to_string(got) + " of " + std::to_string(kQps));
+                return got == kMsgs;
+            }, 120s);
+            if (got != kMsgs) throw std::runtime_error("received " + std::to_string(got) + " of " + std::to_string(kMsgs));
         }
         int end(int rc) {
             for (auto& id : ids)
@@ -352,6 +381,7 @@ TEST_CASE("1024 QPs connected in one process pair, each exchanging a SEND both w
             }, 30s);
             report("disconnected " + std::to_string(down));
             ctx->run_until([] { return false; }, 200ms);
+            if (cq->overruns() != 0) throw std::runtime_error("CQ overruns");
             ids.clear();
             qps.clear();
             mr.reset();
@@ -384,8 +414,8 @@ TEST_CASE("1024 QPs connected in one process pair, each exchanging a SEND both w
         report("accepted " + std::to_string(accepted) + " in " +
                std::to_string(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()) + " s");
         if (established != kQps) throw std::runtime_error("established " + std::to_string(established));
-        m.receive_all();                              // every client QP SENDs first (we are the responder)
-        for (std::uint32_t i = 0; i < kQps; ++i) m.send(i);
+        m.receive_all(1);                             // every client QP SENDs first (we are the responder)
+        for (std::uint32_t i = 0; i < kQps; ++i) m.send(i, 2);
         m.ctx->run_until([] { return false; }, 100ms);
         listener.reset();
         return m.end(0);
@@ -408,9 +438,11 @@ TEST_CASE("1024 QPs connected in one process pair, each exchanging a SEND both w
                 }, 30s);
         }
         if (established != kQps) throw std::runtime_error("established " + std::to_string(established));
-        for (std::uint32_t i = 0; i < kQps; ++i) m.send(i);
-        m.receive_all();
-        report("1024 QPs exchanged");
+        const auto t0 = std::chrono::steady_clock::now();
+        for (std::uint32_t i = 0; i < kQps; ++i) m.send(i, 1);
+        m.receive_all(2);
+        report("1024 QPs x 8 x 1 KiB each way in " +
+               std::to_string(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()) + " s");
         return m.end(0);
     };
     check_outcomes(run_pair(server, client));
