@@ -21,7 +21,7 @@
 //   read                         a READ of a read-only area the server filled at start (pattern, offset).
 //   fetch-add / cmp-swap         on the QP's own 8-byte word at the server: the client keeps a model of the
 //       word (updated at post time; atomics on one QP execute in posting order), so each returned old value is
-//       predicted exactly. A quarter of the compare-and-swaps are meant to fail (compare != current). At the
+//       predicted exactly. A sixteenth of the compare-and-swaps are meant to fail (compare != current). At the
 //       end a READ of the word must equal the model.
 // Sizes are log-uniform between --min-size and --max-size (1 B .. 256 KiB).
 //
