@@ -3,11 +3,39 @@
 
 #include <cstring>
 
-#include <rte_ip.h>
-
 #include "base/byteorder.hpp"
 
 namespace softrdma::stack {
+
+namespace {
+
+// The Internet checksum's ones' complement sum (RFC 1071) of n bytes, not yet folded. Words are read in host
+// order: the ones' complement sum is byte-order independent (RFC 1071 section 2.B), so a sum folded to all
+// ones means the same in either order, and a checksum stored as it is computed lands in network order. An odd
+// last byte counts as the first byte of a zero-padded word. Our own code (no DPDK), so the parser also builds
+// in the fuzzing build, which has no DPDK.
+std::uint64_t sum_words(const std::byte* p, std::size_t n) noexcept {
+    std::uint64_t s = 0;
+    for (; n >= 2; p += 2, n -= 2) {
+        std::uint16_t w;
+        std::memcpy(&w, p, 2);
+        s += w;
+    }
+    if (n != 0) {
+        const std::byte last[2] = {p[0], std::byte{0}};
+        std::uint16_t w;
+        std::memcpy(&w, last, 2);
+        s += w;
+    }
+    return s;
+}
+
+std::uint16_t fold(std::uint64_t s) noexcept {
+    while ((s >> 16) != 0) s = (s & 0xffff) + (s >> 16);
+    return static_cast<std::uint16_t>(s);
+}
+
+}  // namespace
 
 TcpFrame parse_tcp_frame(const std::byte* f, std::uint32_t len) noexcept {
     TcpFrame v;
@@ -32,27 +60,28 @@ TcpFrame parse_tcp_frame(const std::byte* f, std::uint32_t len) noexcept {
 }
 
 void cut_payload(std::byte* frame, std::uint32_t hdr_len) noexcept {
-    auto* ip = reinterpret_cast<rte_ipv4_hdr*>(frame + 14);
-    ip->total_length = rte_cpu_to_be_16(static_cast<std::uint16_t>(hdr_len - 14));
-    ip->hdr_checksum = 0;
-    ip->hdr_checksum = rte_ipv4_cksum(ip);
+    std::byte* ip = frame + 14;
+    const std::uint32_t ihl = (std::to_integer<std::uint32_t>(ip[0]) & 0x0f) * 4;
+    put_be16(ip + 2, static_cast<std::uint16_t>(hdr_len - 14));
+    std::memset(ip + 10, 0, 2);
+    const auto sum = static_cast<std::uint16_t>(~fold(sum_words(ip, ihl)));
+    std::memcpy(ip + 10, &sum, 2);  // host-order sum stored as is: network order (see sum_words)
 }
 
 bool tcp_checksum_ok(const std::byte* frame, const TcpFrame& f) noexcept {
     // The sum over pseudo header, header and payload folds to all ones when the segment is intact.
-    const auto* ip = reinterpret_cast<const rte_ipv4_hdr*>(frame + 14);
-    std::uint32_t sum = rte_raw_cksum(frame + 14 + f.ihl, f.hdr_len - 14 - f.ihl + f.payload_len);
-    sum += rte_ipv4_phdr_cksum(ip, 0);
-    sum = (sum & 0xffff) + (sum >> 16);
-    sum = (sum & 0xffff) + (sum >> 16);
-    return sum == 0xffff;
+    const std::byte* ip = frame + 14;
+    const std::uint32_t tcp_len = f.hdr_len - 14 - f.ihl + f.payload_len;
+    std::byte pseudo[12];
+    std::memcpy(pseudo, ip + 12, 8);  // source and destination addresses
+    pseudo[8] = std::byte{0};
+    pseudo[9] = std::byte{6};         // protocol: TCP
+    put_be16(pseudo + 10, static_cast<std::uint16_t>(tcp_len));
+    return fold(sum_words(pseudo, sizeof pseudo) + sum_words(ip + f.ihl, tcp_len)) == 0xffff;
 }
 
 bool ip_checksum_ok(const std::byte* frame, const TcpFrame& f) noexcept {
-    std::uint32_t sum = rte_raw_cksum(frame + 14, f.ihl);
-    sum = (sum & 0xffff) + (sum >> 16);
-    sum = (sum & 0xffff) + (sum >> 16);
-    return sum == 0xffff;
+    return fold(sum_words(frame + 14, f.ihl)) == 0xffff;
 }
 
 }  // namespace softrdma::stack

@@ -1,0 +1,93 @@
+// SPDX-License-Identifier: MIT
+// stack/frame.cpp, the RX thread's frame parser, on frames the wire tests' TCP writer builds (checksums
+// computed there, independently): accepted with the right fields, both checksums good; any flipped byte of
+// the IPv4 header or the TCP segment caught; cut_payload leaves a good frame without payload.
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <vector>
+
+#include "stack/frame.hpp"
+#include "tests/wire/pcap.hpp"
+#include "tests/wire/tcp_flow.hpp"
+
+using namespace softrdma;
+
+namespace {
+std::vector<wire::Frame> frames() {
+    wire::PcapWriter pcap;
+    const wire::Endpoint client{{0x02, 0, 0, 0, 0, 0x03}, {10, 99, 0, 3}, 40000};
+    const wire::Endpoint server{{0x02, 0, 0, 0, 0, 0x04}, {10, 99, 0, 4}, 4791};
+    wire::TcpSessionWriter tcp(pcap, client, server, 536);
+    std::vector<std::uint8_t> data(777);
+    for (std::size_t i = 0; i < data.size(); ++i) data[i] = static_cast<std::uint8_t>(i * 31 + 7);
+    tcp.send(wire::Dir::client_to_server, std::span(data).first(1));    // odd length: a padded last word
+    tcp.send(wire::Dir::client_to_server, data);
+    tcp.send(wire::Dir::server_to_client, std::span(data).first(100));
+    return wire::parse_capture(pcap.image());
+}
+}  // namespace
+
+TEST_CASE("frame parser: fields, checksums, cut_payload", "[stack][frame]") {
+    const std::vector<wire::Frame> all = frames();
+    REQUIRE(all.size() >= 6);
+    std::size_t with_payload = 0;
+    for (const wire::Frame& fr : all) {
+        std::vector<std::byte> f(fr.bytes.size());
+        std::memcpy(f.data(), fr.bytes.data(), f.size());
+        const auto len = static_cast<std::uint32_t>(f.size());
+        const stack::TcpFrame v = stack::parse_tcp_frame(f.data(), len);
+        REQUIRE(v.valid);
+        CHECK(v.ihl == 20);
+        CHECK(v.hdr_len + v.payload_len <= len);
+        CHECK((v.src_port == 40000 || v.src_port == 4791));
+        CHECK(stack::ip_checksum_ok(f.data(), v));
+        CHECK(stack::tcp_checksum_ok(f.data(), v));
+        if (v.payload_len != 0) ++with_payload;
+
+        // One flipped bit anywhere in the IPv4 header or the TCP segment is caught by one of the two.
+        for (std::size_t i = 14; i < v.hdr_len + v.payload_len; ++i) {
+            f[i] ^= std::byte{0x10};
+            const stack::TcpFrame w = stack::parse_tcp_frame(f.data(), len);
+            if (w.valid && w.ihl == v.ihl && w.hdr_len == v.hdr_len && w.payload_len == v.payload_len) {
+                INFO("byte " << i);
+                CHECK_FALSE((stack::ip_checksum_ok(f.data(), w) && stack::tcp_checksum_ok(f.data(), w)));
+            }
+            f[i] ^= std::byte{0x10};
+        }
+
+        stack::cut_payload(f.data(), v.hdr_len);
+        const stack::TcpFrame c = stack::parse_tcp_frame(f.data(), len);
+        REQUIRE(c.valid);
+        CHECK(c.payload_len == 0);
+        CHECK(c.hdr_len == v.hdr_len);
+        CHECK(stack::ip_checksum_ok(f.data(), c));
+    }
+    CHECK(with_payload >= 3);
+}
+
+TEST_CASE("frame parser: not TCP over IPv4, fragments, bad lengths are refused", "[stack][frame]") {
+    std::vector<std::uint8_t> b = frames().at(3).bytes;
+    auto parse = [&b] {
+        std::vector<std::byte> f(b.size());
+        std::memcpy(f.data(), b.data(), b.size());
+        return stack::parse_tcp_frame(f.data(), static_cast<std::uint32_t>(f.size()));
+    };
+    REQUIRE(parse().valid);
+    auto with = [&](std::size_t at, std::uint8_t v) {
+        const std::uint8_t old = b[at];
+        b[at] = v;
+        const bool ok = parse().valid;
+        b[at] = old;
+        return ok;
+    };
+    CHECK_FALSE(with(12, 0x86));  // IPv6 ethertype
+    CHECK_FALSE(with(14, 0x65));  // IP version 6
+    CHECK_FALSE(with(14, 0x44));  // IHL 16 bytes
+    CHECK_FALSE(with(23, 17));    // UDP
+    CHECK_FALSE(with(20, 0x20));  // MF: a fragment
+    CHECK_FALSE(with(16, 0xff));  // total length past the frame
+    CHECK_FALSE(with(46, 0x40));  // TCP data offset 16 bytes
+    b.resize(53);
+    CHECK_FALSE(parse().valid);   // shorter than the headers
+}
