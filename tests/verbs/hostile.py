@@ -2,7 +2,8 @@
 """A hostile iWARP peer for tests/verbs/hostile_test.cpp: a kernel TCP socket that plays one scripted
 misbehaviour against a softrdma listener and reports what softrdma answered.
 
-Usage: hostile.py SERVER_IP PORT CASE...   (CASE "all" runs every case in order, then "quit")
+Usage: hostile.py SERVER_IP PORT CASE...   (CASE "all" runs every case in order, then "quit", then the
+reply cases: softrdma connects to us on PORT+1 and we answer its MPA request badly)
 Prints one line per case:
   hostile CASE: got terminate layer=L etype=T ecode=C end=close|reset|open
   hostile CASE: got mpa-reject | mpa-reply | close | reset | nothing
@@ -227,6 +228,16 @@ def run(ip, port, case):
         s.sendall(b"".join(fpdu(read_request(1 + i, 0x1000 + i, 0, 65536, stag, addr)) for i in range(6)))
     elif case == "read-src-wrap":  # READ request whose source TO + size wraps past 2^64
         s.sendall(fpdu(read_request(1, 0x1000, 0, 64, stag, (1 << 64) - 16)))
+    elif case == "send-inv-mr":  # SEND with Invalidate naming the server's MR (only MWs granted may be)
+        s.sendall(fpdu(untagged(4, 0, 1, 0, b"x" * 8, rsvd=stag)))
+    elif case == "atomic-unnegotiated":  # an RFC 7306 Atomic Request on a connection that did not agree to 7306
+        s.sendall(fpdu(untagged(10, 1, 1, 0, struct.pack(">IIIQQQQQ", 0, 1, stag, addr, 1, 0, 0, 0))))
+    elif case == "imm-unnegotiated":  # RFC 7306 Immediate Data, likewise
+        s.sendall(fpdu(untagged(8, 0, 1, 0, struct.pack(">Q", 42))))
+    elif case == "write-stag-switch":  # a WRITE's continuation segment names another STag
+        s.sendall(fpdu(tagged(WRITE, stag, addr, b"x" * 8, last=False)) + fpdu(tagged(WRITE, stag ^ 0x100, addr + 8, b"y" * 8)))
+    elif case == "terminate-long":  # a TERMINATE with 1500 bytes of junk where the offending headers go
+        s.sendall(fpdu(untagged(TERMINATE, 2, 1, 0, struct.pack(">I", 0x1206E000) + b"j" * 1500)))
     elif case == "read-response-unasked":
         s.sendall(fpdu(tagged(READ_RESP, 0x1234, 0, b"x" * 8)))
     elif case == "terminate-first":
@@ -255,11 +266,55 @@ def run(ip, port, case):
     return out
 
 
+def mpa_reply(case, key=REP_KEY, rev=2, flags=0, ird=2, ord_=2, pd=b"", pd_len=None):
+    body = (struct.pack(">HH", ird, ord_) if rev == 2 else b"") + pd
+    n = len(body) if pd_len is None else pd_len
+    return key + bytes([flags | (0x10 if rev == 2 else 0), rev]) + struct.pack(">H", n) + body
+
+
+REPLY_CASES = ["reply-bad-key", "reply-bad-revision", "reply-pd-too-long", "reply-truncated", "reply-reject",
+               "reply-markers", "reply-ord-too-high", "reply-then-garbage"]
+
+
+def reply_case(listener, case):
+    """softrdma connects (its request names the case); we answer as the case says and report what follows."""
+    listener.settimeout(15)
+    s, _ = listener.accept()
+    deadline = time.time() + 5
+    hdr = recv_exact(s, 20, deadline)
+    pd = recv_exact(s, struct.unpack(">H", hdr[18:20])[0], deadline)
+    name = pd[4:].decode(errors="replace") if hdr[16] & 0x10 else pd.decode(errors="replace")
+    if name != "HOSTILE:" + case:
+        raise RuntimeError("request for %r, expected %s" % (name, case))
+    if case == "reply-bad-key":
+        s.sendall(mpa_reply(case, key=REQ_KEY))
+    elif case == "reply-bad-revision":
+        s.sendall(mpa_reply(case, rev=7))
+    elif case == "reply-pd-too-long":
+        s.sendall(mpa_reply(case, pd=b"x" * 600))
+    elif case == "reply-truncated":
+        s.sendall(mpa_reply(case)[:13])
+        s.shutdown(socket.SHUT_WR)
+    elif case == "reply-reject":
+        s.sendall(mpa_reply(case, flags=0x20, pd=b"go away"))
+    elif case == "reply-markers":  # asks for Markers on what we receive: softrdma does not send them
+        s.sendall(mpa_reply(case, flags=0x80))
+    elif case == "reply-ord-too-high":  # our ORD 300 > the initiator's IRD (2, may grow to 128)
+        s.sendall(mpa_reply(case, ord_=300))
+    elif case == "reply-then-garbage":  # a good reply and, in the same segment, an FPDU with a bad opcode
+        s.sendall(mpa_reply(case) + fpdu(untagged(13, 0, 1, 0, b"x" * 8)))
+    out = fpdu_answer(s)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    s.close()
+    return out
+
+
 ALL = ["bad-key", "bad-revision", "pd-too-long", "pd-beyond-sent", "truncated-request", "reply-key",
        "short-ulpdu", "ulpdu-1", "over-mulpdu", "fpdu-truncated-close", "length-then-close", "garbage", "opcode-13", "ddp-version-0",
        "ddp-version-2-tagged", "rdmap-version-2", "bad-qn", "msn-out-of-window", "msn-zero", "mo-past-buffer",
        "send-too-long", "write-bogus-stag", "write-past-region", "write-to-wrap", "read-beyond-ird",
-       "read-src-wrap", "read-response-unasked", "terminate-first", "terminate-after-send", "terminate-short",
+       "read-src-wrap", "send-inv-mr", "atomic-unnegotiated", "imm-unnegotiated", "write-stag-switch",
+       "read-response-unasked", "terminate-long", "terminate-first", "terminate-after-send", "terminate-short",
        "send-flood", "zero-window", "good-send"]
 
 
@@ -267,11 +322,15 @@ def main():
     ip, port = sys.argv[1], int(sys.argv[2])
     cases = sys.argv[3:]
     if cases == ["all"]:
-        cases = ALL + ["quit"]
+        cases = ALL + ["quit"] + REPLY_CASES
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("0.0.0.0", port + 1))
+    listener.listen(8)
     rc = 0
     for c in cases:
         try:
-            line = run(ip, port, c)
+            line = reply_case(listener, c) if c in REPLY_CASES else run(ip, port, c)
         except Exception as e:  # a case that could not be played is a failure of the test, not of softrdma
             line = "error %s" % e
             rc = 1

@@ -37,8 +37,14 @@ struct Conn {
     bool ended = false;
     unsigned recv_ok = 0, recv_flushed = 0, other_wc = 0;
     std::string async;
-    std::string cm_reason;
+    std::string cm;  // the CM events, in order
 };
+
+// Connections softrdma opens to the script (listening on the test port + 1), which answers each MPA request
+// badly; in the script's order (REPLY_CASES).
+const std::vector<std::string> kReplyCases = {"reply-bad-key", "reply-bad-revision", "reply-pd-too-long",
+                                              "reply-truncated", "reply-reject", "reply-markers",
+                                              "reply-ord-too-high", "reply-then-garbage"};
 
 std::string describe(const Conn& c) {
     std::string s = "server " + c.name + ":";
@@ -51,6 +57,7 @@ std::string describe(const Conn& c) {
     if (c.other_wc) s += " other_wc=" + std::to_string(c.other_wc);
     s += std::string(" ended=") + (c.ended ? "yes" : "no");
     if (!c.async.empty()) s += " async=" + c.async;
+    s += " cm=" + c.cm;
     return s;
 }
 
@@ -120,9 +127,9 @@ int hostile_server(const PeerConfig& cfg) {
                 continue;
             }
             for (auto& c : conns)
-                if (c.id.get() == ev->id && ev->type != verbs::CmEventType::established) {
-                    c.ended = true;
-                    c.cm_reason = verbs::to_string(ev->type) + (": " + ev->reason);
+                if (c.id.get() == ev->id) {
+                    c.cm += std::string(c.cm.empty() ? "" : ",") + verbs::to_string(ev->type);
+                    if (ev->type != verbs::CmEventType::established) c.ended = true;
                 }
         }
         // Every connection's end has been seen (bounded), then one line per case.
@@ -130,11 +137,40 @@ int hostile_server(const PeerConfig& cfg) {
             drain();
             while (auto ev = ctx->get_cm_event())
                 for (auto& c : conns)
-                    if (c.id.get() == ev->id && ev->type != verbs::CmEventType::established) c.ended = true;
+                    if (c.id.get() == ev->id) {
+                        c.cm += std::string(c.cm.empty() ? "" : ",") + verbs::to_string(ev->type);
+                        if (ev->type != verbs::CmEventType::established) c.ended = true;
+                    }
             for (const auto& c : conns)
                 if (!c.ended) return false;
             return true;
         }, 3s);
+        // softrdma as the initiator: one connection per reply case, each to its end (bounded).
+        for (const auto& name : kReplyCases) {
+            const std::size_t q = conns.size();
+            Conn& c = conns.emplace_back();
+            c.name = name;
+            c.qp = pd->create_qp({.send_cq = cq.get(), .recv_cq = cq.get(), .cap = {.max_send_wr = 16, .max_recv_wr = kRecvs}});
+            for (std::uint32_t slot = 0; slot < kRecvs; ++slot) {
+                const verbs::Sge r = mr->sge(kRegion + kRecvLen * (q * kRecvs + slot), kRecvLen);
+                const verbs::RecvWr rw{.wr_id = q << 8 | slot, .sg_list = {&r, 1}};
+                if (!c.qp->post_recv({&rw, 1}).ok()) throw std::runtime_error("post_recv refused");
+            }
+            const std::string hello = "HOSTILE:" + name;
+            const verbs::ConnParam cp{.private_data = std::as_bytes(std::span(hello)), .responder_resources = 2,
+                                      .initiator_depth = 2};
+            c.id = ctx->connect(cfg.peer, static_cast<std::uint16_t>(cfg.tcp_port + 1), *c.qp, cp);
+            ctx->run_until([&] {
+                drain();
+                while (auto ev = ctx->get_cm_event())
+                    if (ev->id == c.id.get()) {
+                        c.cm += std::string(c.cm.empty() ? "" : ",") + verbs::to_string(ev->type);
+                        if (ev->type != verbs::CmEventType::established) c.ended = true;
+                    }
+                return c.ended;
+            }, 12s);
+        }
+        ctx->run_until([&] { drain(); return false; }, 100ms);
         drain();
         std::string lines;
         for (const auto& c : conns) lines += describe(c) + "\n";
@@ -204,12 +240,28 @@ const std::map<std::string, Expect>& expectations() {
         {"read-beyond-ird", {term(0, 2, 7), sent(0, 2, 7)}},  // catastrophic error, stream (as siw)
         {"read-src-wrap", {term(0, 1, 0), sent(0, 1, 0, code(0, 1, 4))}},
         {"read-response-unasked", {term(0, 2, 6), sent(0, 2, 6)}},
+        {"write-stag-switch", {term(1, 1, 0), sent(1, 1, 0)}},  // a continuation naming another STag
+        {"send-inv-mr", {term(0, 2, 9), sent(0, 2, 9, code(0, 1, 9))}},  // an MR is never remotely invalidated
+        // RFC 7306 opcodes on a connection that did not agree to RFC 7306.
+        {"atomic-unnegotiated", {term(0, 2, 6), sent(0, 2, 6)}},
+        {"imm-unnegotiated", {term(0, 2, 6), sent(0, 2, 6)}},
         // TERMINATEs received: never answered with one.
         {"terminate-first", {"got close", "term received " + code(1, 2, 0) + " qp=ERR recv_ok=0 flushed=4"}},
+        {"terminate-long", {"got close", "term received " + code(1, 2, 6) + " qp=ERR recv_ok=0 flushed=4"}},
         {"terminate-after-send", {"got close", "term received " + code(15, 15, 255) + " qp=ERR recv_ok=1 flushed=3"}},
         // A window that never opens, then a reset; and a well-behaved control.
         {"zero-window", {"got nothing (closed with unread data)", "no-terminate qp=ERR recv_ok=0 flushed=4"}},
         {"good-send", {"got close", "no-terminate qp=ERR recv_ok=1 flushed=3"}},
+        // softrdma initiating, bad MPA replies: after the reply the initiator owns the stream, so an invalid
+        // frame draws a TERMINATE (RFC 5044 section 8 code 0x04; RFC 6581 section 9 0x06 for insufficient IRD).
+        {"reply-bad-key", {term(2, 0, 4), sent(2, 0, 4) + " ended=yes async=QP fatal error cm=error"}},
+        {"reply-bad-revision", {term(2, 0, 4), sent(2, 0, 4) + " ended=yes async=QP fatal error cm=error"}},
+        {"reply-pd-too-long", {term(2, 0, 4), sent(2, 0, 4) + " ended=yes async=QP fatal error cm=error"}},
+        {"reply-ord-too-high", {term(2, 0, 6), sent(2, 0, 6) + " ended=yes async=QP fatal error cm=error"}},
+        {"reply-truncated", {"got close", "no-terminate qp=ERR recv_ok=0 flushed=4 ended=yes cm=error"}},
+        {"reply-markers", {"got close", "no-terminate qp=ERR recv_ok=0 flushed=4 ended=yes cm=error"}},  // policy
+        {"reply-reject", {"got close", "no-terminate qp=ERR recv_ok=0 flushed=4 ended=yes cm=rejected"}},
+        {"reply-then-garbage", {term(0, 2, 6), sent(0, 2, 6) + " ended=yes async=QP fatal error cm=established,disconnected"}},
     };
     return m;
 }
@@ -248,9 +300,11 @@ TEST_CASE("a hostile peer: every misbehaviour draws the RFC's answer, the server
     REQUIRE(std::system(("ip netns exec " + veth.ns_b + " ethtool -K " + veth.if_b + " tx off >/dev/null").c_str()) == 0);
     const std::string out = "/tmp/" + unique_name("hostile-") + ".txt";
     const char* only = std::getenv("SOFTRDMA_HOSTILE_CASES");  // debugging: a few cases by name
+    std::string reply_list;
+    for (const auto& r : kReplyCases) reply_list += " " + r;
     const std::string cmd = "ip netns exec " + veth.ns_b + " python3 " + std::string(SOFTRDMA_SOURCE_DIR) +
                             "/tests/verbs/hostile.py " + server.stack.ip.address.str() + " " +
-                            std::to_string(server.tcp_port) + " " + (only ? std::string(only) + " quit" : "all") +
+                            std::to_string(server.tcp_port) + " " + (only ? std::string(only) + " quit" + reply_list : "all") +
                             " >" + out + " 2>&1";
     const auto t0 = std::chrono::steady_clock::now();
     const auto outcomes = run_roles({{"server", [&] { return hostile_server(server); }},
@@ -276,6 +330,10 @@ TEST_CASE("a hostile peer: every misbehaviour draws the RFC's answer, the server
     WARN("hostile peer: " << secs << " s\n" << outcomes[1].report << outcomes[0].report);
     const auto wire = lines_after(outcomes[1].report, "hostile ");
     const auto seen = lines_after(outcomes[0].report, "server ");
+    for (const auto& [name, line] : wire) {
+        INFO("case " << name << ": " << line);
+        CHECK(expectations().count(name) == 1);  // every case played has its answer in the table
+    }
     for (const auto& [name, want] : expectations()) {
         if (only && std::string(only).find(name) == std::string::npos) continue;
         INFO("case " << name);
