@@ -19,7 +19,8 @@ import time
 
 REQ_KEY = b"MPA ID Req Frame"
 REP_KEY = b"MPA ID Rep Frame"
-ANSWER_WAIT = 2.0  # seconds to wait for softrdma's answer
+ANSWER_WAIT = 2.0
+DEBUG = False  # seconds to wait for softrdma's answer
 
 # RDMAP opcodes (RFC 5040 section 4.3)
 WRITE, READ_REQ, READ_RESP, SEND, TERMINATE = 0, 1, 2, 3, 7
@@ -132,6 +133,8 @@ def fpdu_answer(s, wait=ANSWER_WAIT):
                     term = (w >> 28, (w >> 24) & 0xF, (w >> 16) & 0xFF)
                 else:
                     others += 1
+                    if DEBUG:
+                        print("fpdu ctrl %04x len %d" % (c, n), file=sys.stderr)
             if term is not None:
                 deadline = min(deadline, time.time() + 0.5)  # then wait a little for the close
     except ConnectionResetError:
@@ -273,7 +276,19 @@ def mpa_reply(case, key=REP_KEY, rev=2, flags=0, ird=2, ord_=2, pd=b"", pd_len=N
 
 
 REPLY_CASES = ["reply-bad-key", "reply-bad-revision", "reply-pd-too-long", "reply-truncated", "reply-reject",
-               "reply-markers", "reply-ord-too-high", "reply-then-garbage"]
+               "reply-markers", "reply-ord-too-high", "reply-then-garbage", "reply-read-good", "reply-read-wrong-stag",
+               "reply-read-wrong-to", "reply-read-too-long", "reply-read-short"]
+
+
+def read_request_from(s):
+    """Reads FPDUs until softrdma's RDMA Read Request; returns (sink STag, sink TO, size)."""
+    deadline = time.time() + 5
+    while True:
+        n = struct.unpack(">H", recv_exact(s, 2, deadline))[0]
+        rest = recv_exact(s, n + ((-(n + 2)) & 3) + 4, deadline)
+        c = struct.unpack(">H", rest[:2])[0]
+        if not c & 0x8000 and c & 0xF == READ_REQ:
+            return struct.unpack(">IQI", rest[18:34])
 
 
 def reply_case(listener, case):
@@ -303,6 +318,21 @@ def reply_case(listener, case):
         s.sendall(mpa_reply(case, ord_=300))
     elif case == "reply-then-garbage":  # a good reply and, in the same segment, an FPDU with a bad opcode
         s.sendall(mpa_reply(case) + fpdu(untagged(13, 0, 1, 0, b"x" * 8)))
+    elif case.startswith("reply-read-"):  # softrdma READs from us; the response does not match the request
+        s.sendall(mpa_reply(case))
+        stag, to, size = read_request_from(s)
+        if case == "reply-read-wrong-stag":
+            stag ^= 0x100
+        elif case == "reply-read-wrong-to":
+            to += 8
+        elif case == "reply-read-too-long":
+            size += 8
+        elif case == "reply-read-short":
+            size -= 8
+        s.sendall(fpdu(tagged(READ_RESP, stag, to, b"r" * size)))
+        if case == "reply-read-good":
+            time.sleep(0.2)
+            s.shutdown(socket.SHUT_WR)
     out = fpdu_answer(s)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     s.close()

@@ -35,7 +35,8 @@ struct Conn {
     std::unique_ptr<verbs::CmId> id;
     std::unique_ptr<verbs::QueuePair> qp;
     bool ended = false;
-    unsigned recv_ok = 0, recv_flushed = 0, other_wc = 0;
+    unsigned recv_ok = 0, recv_flushed = 0;
+    std::string other_wc;  // send-side completions: opcode:status
     std::string async;
     std::string cm;  // the CM events, in order
 };
@@ -44,7 +45,9 @@ struct Conn {
 // badly; in the script's order (REPLY_CASES).
 const std::vector<std::string> kReplyCases = {"reply-bad-key", "reply-bad-revision", "reply-pd-too-long",
                                               "reply-truncated", "reply-reject", "reply-markers",
-                                              "reply-ord-too-high", "reply-then-garbage"};
+                                              "reply-ord-too-high", "reply-then-garbage", "reply-read-good",
+                                              "reply-read-wrong-stag", "reply-read-wrong-to", "reply-read-too-long",
+                                              "reply-read-short"};
 
 std::string describe(const Conn& c) {
     std::string s = "server " + c.name + ":";
@@ -54,7 +57,7 @@ std::string describe(const Conn& c) {
     else s += " term sent " + term_str(t->code) + " cause " + term_str(t->cause);
     s += std::string(" qp=") + verbs::to_string(c.qp->state());
     s += " recv_ok=" + std::to_string(c.recv_ok) + " flushed=" + std::to_string(c.recv_flushed);
-    if (c.other_wc) s += " other_wc=" + std::to_string(c.other_wc);
+    if (!c.other_wc.empty()) s += " wc=" + c.other_wc;
     s += std::string(" ended=") + (c.ended ? "yes" : "no");
     if (!c.async.empty()) s += " async=" + c.async;
     s += " cm=" + c.cm;
@@ -91,7 +94,9 @@ int hostile_server(const PeerConfig& cfg) {
                     if (q >= conns.size()) continue;
                     if (wcs[i].opcode == WcOpcode::recv && wcs[i].status == WcStatus::success) ++conns[q].recv_ok;
                     else if (wcs[i].opcode == WcOpcode::recv && wcs[i].status == WcStatus::wr_flush_err) ++conns[q].recv_flushed;
-                    else ++conns[q].other_wc;
+                    else
+                        conns[q].other_wc += std::string(conns[q].other_wc.empty() ? "" : ",") +
+                                             verbs::to_string(wcs[i].opcode) + ":" + verbs::to_string(wcs[i].status);
                 }
             while (auto ev = ctx->get_async_event())
                 for (auto& c : conns)
@@ -166,6 +171,13 @@ int hostile_server(const PeerConfig& cfg) {
                     if (ev->id == c.id.get()) {
                         c.cm += std::string(c.cm.empty() ? "" : ",") + verbs::to_string(ev->type);
                         if (ev->type != verbs::CmEventType::established) c.ended = true;
+                        else if (name.rfind("reply-read-", 0) == 0) {  // READ 64 bytes of the script's "memory"
+                            const verbs::Sge sink = mr->sge(0, 64);
+                            const verbs::SendWr rd{.wr_id = q << 8 | 0x80, .opcode = verbs::WrOpcode::rdma_read,
+                                                   .send_flags = verbs::send_flags::signaled, .sg_list = {&sink, 1},
+                                                   .rdma = {.remote_addr = 0x1000, .rkey = 0x77}};
+                            if (!c.qp->post_send({&rd, 1}).ok()) throw std::runtime_error("READ refused");
+                        }
                     }
                 return c.ended;
             }, 12s);
@@ -261,6 +273,14 @@ const std::map<std::string, Expect>& expectations() {
         {"reply-truncated", {"got close", "no-terminate qp=ERR recv_ok=0 flushed=4 ended=yes cm=error"}},
         {"reply-markers", {"got close", "no-terminate qp=ERR recv_ok=0 flushed=4 ended=yes cm=error"}},  // policy
         {"reply-reject", {"got close", "no-terminate qp=ERR recv_ok=0 flushed=4 ended=yes cm=rejected"}},
+        // READ responses that do not match softrdma's READ (siw's checks and codes; opaque on the wire). The
+        // READ is flushed: the check fails on the response's header, before it is the READ's (as siw). The
+        // good one is followed by the initiator's zero-length WRITE nudge (verbs/cm.cpp, FirstFpduGuard).
+        {"reply-read-good", {"got close", "no-terminate qp=ERR recv_ok=0 flushed=4 wc=rdma_read:success"}},
+        {"reply-read-wrong-stag", {term(1, 1, 0), sent(1, 1, 0) + " wc=rdma_read:WR flush error"}},
+        {"reply-read-wrong-to", {term(1, 1, 0), sent(1, 1, 0, code(1, 1, 1)) + " wc=rdma_read:WR flush error"}},
+        {"reply-read-too-long", {term(1, 1, 0), sent(1, 1, 0, code(1, 1, 1)) + " wc=rdma_read:WR flush error"}},
+        {"reply-read-short", {term(1, 1, 0), sent(1, 1, 0, code(1, 1, 1)) + " wc=rdma_read:WR flush error"}},
         {"reply-then-garbage", {term(0, 2, 6), sent(0, 2, 6) + " ended=yes async=QP fatal error cm=established,disconnected"}},
     };
     return m;
