@@ -179,6 +179,12 @@ def run(ip, port, case):
         return mpa_case(ip, port, case, mpa_request(case)[:11], half_close=True)
     if case == "reply-key":  # a reply where a request belongs
         return mpa_case(ip, port, case, mpa_request(case, key=REP_KEY))
+    if case == "pd-512":  # the largest private data RFC 5044 allows: accepted, then a plain close
+        s = connect(ip, port)
+        s.sendall(mpa_request(case, extra=b"\0" * (512 - 4 - 8 - len(case))))
+        what, _ = mpa_answer(s)
+        s.close()
+        return "got " + what
     if case == "quit":
         return mpa_case(ip, port, case, mpa_request(case))
 
@@ -241,6 +247,14 @@ def run(ip, port, case):
         s.sendall(fpdu(tagged(WRITE, stag, addr, b"x" * 8, last=False)) + fpdu(tagged(WRITE, stag ^ 0x100, addr + 8, b"y" * 8)))
     elif case == "terminate-long":  # a TERMINATE with 1500 bytes of junk where the offending headers go
         s.sendall(fpdu(untagged(TERMINATE, 2, 1, 0, struct.pack(">I", 0x1206E000) + b"j" * 1500)))
+    elif case == "read-huge":  # a READ of 4 GiB - 1 from the start of the region
+        s.sendall(fpdu(read_request(1, 0x1000, 0, 0xFFFFFFFF, stag, addr)))
+    elif case == "dribble":  # a SEND and a READ request, one byte per TCP segment
+        for b in fpdu(untagged(SEND, 0, 1, 0, b"hello")) + fpdu(read_request(1, 0x1000, 0, 64, stag, addr)):
+            s.send(bytes([b]))
+            time.sleep(0.002)
+    elif case == "silent":  # MPA done, then nothing (the responder waits for our first FPDU), then a reset
+        pass
     elif case == "read-response-unasked":
         s.sendall(fpdu(tagged(READ_RESP, 0x1234, 0, b"x" * 8)))
     elif case == "terminate-first":
@@ -339,11 +353,11 @@ def reply_case(listener, case):
     return out
 
 
-ALL = ["bad-key", "bad-revision", "pd-too-long", "pd-beyond-sent", "truncated-request", "reply-key",
+ALL = ["bad-key", "bad-revision", "pd-too-long", "pd-beyond-sent", "truncated-request", "reply-key", "pd-512",
        "short-ulpdu", "ulpdu-1", "over-mulpdu", "fpdu-truncated-close", "length-then-close", "garbage", "opcode-13", "ddp-version-0",
        "ddp-version-2-tagged", "rdmap-version-2", "bad-qn", "msn-out-of-window", "msn-zero", "mo-past-buffer",
        "send-too-long", "write-bogus-stag", "write-past-region", "write-to-wrap", "read-beyond-ird",
-       "read-src-wrap", "send-inv-mr", "atomic-unnegotiated", "imm-unnegotiated", "write-stag-switch",
+       "read-src-wrap", "read-huge", "dribble", "silent", "send-inv-mr", "atomic-unnegotiated", "imm-unnegotiated", "write-stag-switch",
        "read-response-unasked", "terminate-long", "terminate-first", "terminate-after-send", "terminate-short",
        "send-flood", "zero-window", "good-send"]
 

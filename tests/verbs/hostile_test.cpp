@@ -28,7 +28,7 @@ namespace {
 constexpr std::uint32_t kRecvs = 4;          // receives posted per connection
 constexpr std::size_t kRecvLen = 2048;      // each; a 2018-byte ULPDU (over MULPDU) fits one
 constexpr std::size_t kRegion = 64 * 1024;  // READ source; the MR (told to every connection) adds the receives
-constexpr unsigned kMaxConns = 48;
+constexpr unsigned kMaxConns = 64;
 
 struct Conn {
     std::string name;
@@ -109,7 +109,8 @@ int hostile_server(const PeerConfig& cfg) {
             auto ev = ctx->get_cm_event();
             if (!ev) continue;
             if (ev->type == verbs::CmEventType::connect_request) {
-                const std::string pdata(reinterpret_cast<const char*>(ev->private_data.bytes.data()), ev->private_data.size);
+                std::string pdata(reinterpret_cast<const char*>(ev->private_data.bytes.data()), ev->private_data.size);
+                pdata = pdata.substr(0, pdata.find('\0'));  // pd-512 pads with zeros
                 const std::string name = pdata.rfind("HOSTILE:", 0) == 0 ? pdata.substr(8) : "?" + pdata;
                 if (name == "quit" || conns.size() >= kMaxConns) {
                     quit = name == "quit";
@@ -225,6 +226,7 @@ const std::map<std::string, Expect>& expectations() {
         {"truncated-request", {"got close", ""}},
         {"reply-key", {"got close", ""}},
         {"quit", {"got mpa-reject", ""}},
+        {"pd-512", {"got mpa-reply", "no-terminate qp=ERR recv_ok=0 flushed=4"}},  // the most RFC 5044 allows
         // Framing: a ULPDU length that cannot hold the header is MPA's (LLP, 0x03 as siw).
         {"short-ulpdu", {term(2, 0, 3), sent(2, 0, 3)}},
         {"ulpdu-1", {term(2, 0, 3), sent(2, 0, 3)}},
@@ -250,6 +252,7 @@ const std::map<std::string, Expect>& expectations() {
         {"write-past-region", {term(1, 1, 0), sent(1, 1, 0, code(1, 1, 1))}},
         {"write-to-wrap", {term(1, 1, 0), sent(1, 1, 0, code(1, 1, 3))}},
         {"read-beyond-ird", {term(0, 2, 7), sent(0, 2, 7)}},  // catastrophic error, stream (as siw)
+        {"read-huge", {term(0, 1, 0), sent(0, 1, 0, code(0, 1, 1))}},  // 4 GiB - 1: base/bounds
         {"read-src-wrap", {term(0, 1, 0), sent(0, 1, 0, code(0, 1, 4))}},
         {"read-response-unasked", {term(0, 2, 6), sent(0, 2, 6)}},
         {"write-stag-switch", {term(1, 1, 0), sent(1, 1, 0)}},  // a continuation naming another STag
@@ -263,6 +266,8 @@ const std::map<std::string, Expect>& expectations() {
         {"terminate-after-send", {"got close", "term received " + code(15, 15, 255) + " qp=ERR recv_ok=1 flushed=3"}},
         // A window that never opens, then a reset; and a well-behaved control.
         {"zero-window", {"got nothing (closed with unread data)", "no-terminate qp=ERR recv_ok=0 flushed=4"}},
+        {"dribble", {"got nothing after 1 fpdus", "no-terminate qp=ERR recv_ok=1 flushed=3"}},  // 1 byte/segment
+        {"silent", {"got nothing", "no-terminate qp=ERR recv_ok=0 flushed=4"}},
         {"good-send", {"got close", "no-terminate qp=ERR recv_ok=1 flushed=3"}},
         // softrdma initiating, bad MPA replies: after the reply the initiator owns the stream, so an invalid
         // frame draws a TERMINATE (RFC 5044 section 8 code 0x04; RFC 6581 section 9 0x06 for insufficient IRD).
