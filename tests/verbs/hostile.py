@@ -4,9 +4,9 @@ misbehaviour against a softrdma listener and reports what softrdma answered.
 
 Usage: hostile.py SERVER_IP PORT CASE...   (CASE "all" runs every case in order, then "quit", then the
 reply cases: softrdma connects to us on PORT+1 and we answer its MPA request badly)
-Prints one line per case:
-  hostile CASE: got terminate layer=L etype=T ecode=C end=close|reset|open
-  hostile CASE: got mpa-reject | mpa-reply | close | reset | nothing
+Prints one line per case, ending with the seconds it took:
+  hostile CASE: got terminate layer=L etype=T ecode=C end=close|reset|open mdr=MDR [S s]
+  hostile CASE: got mpa-reject | mpa-reply | close | reset | nothing [S s]
 The MPA request carries "HOSTILE:CASE" as private data (revision 2, IRD/ORD 2/2, no CRC, no Markers), so the
 server can say which case a connection is. FPDUs (RFC 5044): be16 ULPDU length, ULPDU (DDP/RDMAP header and
 payload), pad to 4, a 4-byte CRC field sent as zero since CRC is not negotiated.
@@ -131,6 +131,7 @@ def fpdu_answer(s, wait=ANSWER_WAIT):
                 if not c & 0x8000 and c & 0xF == TERMINATE and n >= 22 and term is None:
                     w = struct.unpack(">I", ulpdu[18:22])[0]
                     term = (w >> 28, (w >> 24) & 0xF, (w >> 16) & 0xFF)
+                    flags = "%d%d%d" % (w >> 15 & 1, w >> 14 & 1, w >> 13 & 1)  # M D R (RFC 5040 section 4.8)
                 else:
                     others += 1
                     if DEBUG:
@@ -140,7 +141,7 @@ def fpdu_answer(s, wait=ANSWER_WAIT):
     except ConnectionResetError:
         end = "reset"
     if term is not None:
-        return "got terminate layer=%d etype=%d ecode=%d end=%s" % (term + (end,))
+        return "got terminate layer=%d etype=%d ecode=%d end=%s mdr=%s" % (term + (end, flags))
     if end != "open":
         return "got %s%s" % (end, " after %d fpdus" % others if others else "")
     return "got nothing%s" % (" after %d fpdus" % others if others else "")
@@ -373,12 +374,13 @@ def main():
     listener.listen(8)
     rc = 0
     for c in cases:
+        t0 = time.time()
         try:
             line = reply_case(listener, c) if c in REPLY_CASES else run(ip, port, c)
         except Exception as e:  # a case that could not be played is a failure of the test, not of softrdma
             line = "error %s" % e
             rc = 1
-        print("hostile %s: %s" % (c, line), flush=True)
+        print("hostile %s: %s [%.2f s]" % (c, line, time.time() - t0), flush=True)
         time.sleep(0.1)
     return rc
 

@@ -211,7 +211,14 @@ struct Expect {
 std::string code(int layer, int etype, int ecode) {
     return "layer=" + std::to_string(layer) + " etype=" + std::to_string(etype) + " ecode=" + std::to_string(ecode);
 }
-std::string term(int l, int e, int c) { return "got terminate " + code(l, e, c) + " end=close"; }
+// The headers attached (RFC 5040 section 4.8 flags M, D, R; siw's choice): none for MPA errors, version and
+// opcode errors and RDMAP catastrophic ones; the DDP header (M, D) for the rest; R too for a READ request that
+// broke a protection rule.
+std::string term(int l, int e, int c, bool read_request = false) {
+    const bool none = l == 2 || (l == 1 && c == (e == 1 ? 4 : 6)) || (l == 0 && (e == 0 || c == 5 || c == 6));
+    const std::string mdr = none ? "000" : (l == 0 && e == 1 && read_request) ? "111" : "110";
+    return "got terminate " + code(l, e, c) + " end=close mdr=" + mdr;
+}
 std::string sent(int l, int e, int c, std::string cause = "", const char* wcs = "recv_ok=0 flushed=4") {
     return "term sent " + code(l, e, c) + " cause " + (cause.empty() ? code(l, e, c) : cause) + " qp=ERR " + wcs;
 }
@@ -252,8 +259,8 @@ const std::map<std::string, Expect>& expectations() {
         {"write-past-region", {term(1, 1, 0), sent(1, 1, 0, code(1, 1, 1))}},
         {"write-to-wrap", {term(1, 1, 0), sent(1, 1, 0, code(1, 1, 3))}},
         {"read-beyond-ird", {term(0, 2, 7), sent(0, 2, 7)}},  // catastrophic error, stream (as siw)
-        {"read-huge", {term(0, 1, 0), sent(0, 1, 0, code(0, 1, 1))}},  // 4 GiB - 1: base/bounds
-        {"read-src-wrap", {term(0, 1, 0), sent(0, 1, 0, code(0, 1, 4))}},
+        {"read-huge", {term(0, 1, 0, true), sent(0, 1, 0, code(0, 1, 1))}},  // 4 GiB - 1: base/bounds
+        {"read-src-wrap", {term(0, 1, 0, true), sent(0, 1, 0, code(0, 1, 4))}},
         {"read-response-unasked", {term(0, 2, 6), sent(0, 2, 6)}},
         {"write-stag-switch", {term(1, 1, 0), sent(1, 1, 0)}},  // a continuation naming another STag
         {"send-inv-mr", {term(0, 2, 9), sent(0, 2, 9, code(0, 1, 9))}},  // an MR is never remotely invalidated
