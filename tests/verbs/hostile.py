@@ -254,6 +254,10 @@ def run(ip, port, case):
         for b in fpdu(untagged(SEND, 0, 1, 0, b"hello")) + fpdu(read_request(1, 0x1000, 0, 64, stag, addr)):
             s.send(bytes([b]))
             time.sleep(0.002)
+    elif case == "zero-write-flood":  # 20000 zero-length WRITEs (no STag checked, nothing placed), then a SEND
+        s.sendall(fpdu(tagged(WRITE, 1, 0)) * 20000 + fpdu(untagged(SEND, 0, 1, 0, b"still here")))
+        time.sleep(0.2)
+        s.shutdown(socket.SHUT_WR)
     elif case == "silent":  # MPA done, then nothing (the responder waits for our first FPDU), then a reset
         pass
     elif case == "read-response-unasked":
@@ -358,7 +362,7 @@ ALL = ["bad-key", "bad-revision", "pd-too-long", "pd-beyond-sent", "truncated-re
        "short-ulpdu", "ulpdu-1", "over-mulpdu", "fpdu-truncated-close", "length-then-close", "garbage", "opcode-13", "ddp-version-0",
        "ddp-version-2-tagged", "rdmap-version-2", "bad-qn", "msn-out-of-window", "msn-zero", "mo-past-buffer",
        "send-too-long", "write-bogus-stag", "write-past-region", "write-to-wrap", "read-beyond-ird",
-       "read-src-wrap", "read-huge", "dribble", "silent", "send-inv-mr", "atomic-unnegotiated", "imm-unnegotiated", "write-stag-switch",
+       "read-src-wrap", "read-huge", "dribble", "zero-write-flood", "silent", "send-inv-mr", "atomic-unnegotiated", "imm-unnegotiated", "write-stag-switch",
        "read-response-unasked", "terminate-long", "terminate-first", "terminate-after-send", "terminate-short",
        "send-flood", "zero-window", "good-send"]
 

@@ -274,6 +274,7 @@ const std::map<std::string, Expect>& expectations() {
         // A window that never opens, then a reset; and a well-behaved control.
         {"zero-window", {"got nothing (closed with unread data)", "no-terminate qp=ERR recv_ok=0 flushed=4"}},
         {"dribble", {"got nothing after 1 fpdus", "no-terminate qp=ERR recv_ok=1 flushed=3"}},  // 1 byte/segment
+        {"zero-write-flood", {"got close", "no-terminate qp=ERR recv_ok=1 flushed=3"}},
         {"silent", {"got nothing", "no-terminate qp=ERR recv_ok=0 flushed=4"}},
         {"good-send", {"got close", "no-terminate qp=ERR recv_ok=1 flushed=3"}},
         // softrdma initiating, bad MPA replies: after the reply the initiator owns the stream, so an invalid
