@@ -1,0 +1,386 @@
+// SPDX-License-Identifier: MIT
+// A hostile peer (README, "Reliability": "Hostile peer"; issue 14): a softrdma server over af_packet on a veth
+// pair between two namespaces, and in the other namespace the kernel's TCP driven by tests/verbs/hostile.py,
+// which plays one misbehaviour per connection: malformed MPA requests, FPDUs with bad lengths, versions,
+// opcodes, queue numbers, MSNs and offsets, WRITEs to bogus STags or wrapping past 2^64, more READs than IRD,
+// READ responses nobody asked for, TERMINATEs at odd moments, floods into a window that never opens. The
+// script says what came back on the wire (an MPA reject, a TERMINATE's layer/etype/ecode, FIN or RST); the
+// server says what its QP saw (TERMINATE sent or received and its cause, QP state, receives flushed). Each
+// must match the table below; the server must serve every case and end with its pools at their start.
+#include <catch2/catch.hpp>
+
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <sstream>
+#include <stdexcept>
+#include <thread>
+
+#include "tests/support/netns.hpp"
+#include "tests/verbs/fixture.hpp"
+
+using namespace softrdma;
+using namespace softrdma::test;
+using namespace softrdma::test::verbs_fixture;
+
+namespace {
+
+constexpr std::uint32_t kRecvs = 4;          // receives posted per connection
+constexpr std::size_t kRecvLen = 2048;      // each; a 2018-byte ULPDU (over MULPDU) fits one
+constexpr std::size_t kRegion = 64 * 1024;  // READ source; the MR (told to every connection) adds the receives
+constexpr unsigned kMaxConns = 64;
+
+struct Conn {
+    std::string name;
+    std::unique_ptr<verbs::CmId> id;
+    std::unique_ptr<verbs::QueuePair> qp;
+    bool ended = false;
+    unsigned recv_ok = 0, recv_flushed = 0;
+    std::string other_wc;  // send-side completions: opcode:status
+    std::string async;
+    std::string cm;  // the CM events, in order
+};
+
+// Connections softrdma opens to the script (listening on the test port + 1), which answers each MPA request
+// badly; in the script's order (REPLY_CASES).
+const std::vector<std::string> kReplyCases = {"reply-bad-key", "reply-bad-revision", "reply-pd-too-long",
+                                              "reply-truncated", "reply-reject", "reply-markers",
+                                              "reply-ord-too-high", "reply-then-garbage", "reply-read-good",
+                                              "reply-read-wrong-stag", "reply-read-wrong-to", "reply-read-too-long",
+                                              "reply-read-short"};
+
+std::string describe(const Conn& c) {
+    std::string s = "server " + c.name + ":";
+    const auto& t = c.qp->terminate_info();
+    if (!t) s += " no-terminate";
+    else if (t->received) s += " term received " + term_str(t->code);
+    else s += " term sent " + term_str(t->code) + " cause " + term_str(t->cause);
+    s += std::string(" qp=") + verbs::to_string(c.qp->state());
+    s += " recv_ok=" + std::to_string(c.recv_ok) + " flushed=" + std::to_string(c.recv_flushed);
+    if (!c.other_wc.empty()) s += " wc=" + c.other_wc;
+    s += std::string(" ended=") + (c.ended ? "yes" : "no");
+    if (!c.async.empty()) s += " async=" + c.async;
+    s += " cm=" + c.cm;
+    return s;
+}
+
+int hostile_server(const PeerConfig& cfg) {
+    enter_netns(cfg.netns);
+    verbs::ContextConfig cc;
+    cc.port = cfg.port;
+    cc.eal = cfg.eal;
+    cc.ip = cfg.stack.ip;
+    cc.max_mr = 8;
+    cc.max_qp = kMaxConns;
+    cc.threading = test_threading();
+    cc.security.max_access_errors_per_peer = 0;  // every access-error case gets its own connection
+    auto ctx = verbs::Context::open(cc);
+    const auto baseline = ctx->impl().stack().pool_usage();
+    int rc = 0;
+    {
+        auto pd = ctx->alloc_pd();
+        auto cq = ctx->create_cq(1024);
+        std::vector<std::byte> buf(kRegion + kMaxConns * kRecvs * kRecvLen);
+        auto mr = pd->reg_mr(buf, kAll);
+        auto listener = ctx->listen(cfg.tcp_port);
+        std::vector<Conn> conns;
+        conns.reserve(kMaxConns);
+        bool quit = false;
+        std::array<verbs::WorkCompletion, 32> wcs;
+        auto drain = [&] {
+            for (std::size_t n; (n = cq->poll(wcs)) != 0;)
+                for (std::size_t i = 0; i < n; ++i) {
+                    const auto q = static_cast<std::size_t>(wcs[i].wr_id >> 8);
+                    if (q >= conns.size()) continue;
+                    if (wcs[i].opcode == WcOpcode::recv && wcs[i].status == WcStatus::success) ++conns[q].recv_ok;
+                    else if (wcs[i].opcode == WcOpcode::recv && wcs[i].status == WcStatus::wr_flush_err) ++conns[q].recv_flushed;
+                    else
+                        conns[q].other_wc += std::string(conns[q].other_wc.empty() ? "" : ",") +
+                                             verbs::to_string(wcs[i].opcode) + ":" + verbs::to_string(wcs[i].status);
+                }
+            while (auto ev = ctx->get_async_event())
+                for (auto& c : conns)
+                    if (c.qp && c.qp->qp_num() == ev->qp_num) c.async = verbs::to_string(ev->type);
+        };
+        const auto until = std::chrono::steady_clock::now() + 80s;
+        while (!quit && std::chrono::steady_clock::now() < until) {
+            ctx->run_until([] { return false; }, 1ms);
+            drain();
+            auto ev = ctx->get_cm_event();
+            if (!ev) continue;
+            if (ev->type == verbs::CmEventType::connect_request) {
+                std::string pdata(reinterpret_cast<const char*>(ev->private_data.bytes.data()), ev->private_data.size);
+                pdata = pdata.substr(0, pdata.find('\0'));  // pd-512 pads with zeros
+                const std::string name = pdata.rfind("HOSTILE:", 0) == 0 ? pdata.substr(8) : "?" + pdata;
+                if (name == "quit" || conns.size() >= kMaxConns) {
+                    quit = name == "quit";
+                    if (!ev->request->reject({})) throw std::runtime_error("reject");
+                    continue;
+                }
+                const std::size_t q = conns.size();
+                Conn& c = conns.emplace_back();
+                c.name = name;
+                c.qp = pd->create_qp({.send_cq = cq.get(), .recv_cq = cq.get(), .cap = {.max_send_wr = 16, .max_recv_wr = kRecvs}});
+                for (std::uint32_t slot = 0; slot < kRecvs; ++slot) {
+                    const verbs::Sge r = mr->sge(kRegion + kRecvLen * (q * kRecvs + slot), kRecvLen);
+                    const verbs::RecvWr rw{.wr_id = q << 8 | slot, .sg_list = {&r, 1}};
+                    if (!c.qp->post_recv({&rw, 1}).ok()) throw std::runtime_error("post_recv refused");
+                }
+                const RemoteRegion me{mr->addr(), mr->rkey(), static_cast<std::uint32_t>(mr->length())};
+                verbs::ConnParam cp{.private_data = as_bytes(me), .responder_resources = 2, .initiator_depth = 2};
+                if (!ev->request->accept(*c.qp, cp)) throw std::runtime_error("accept");
+                c.id = std::move(ev->request);
+                continue;
+            }
+            for (auto& c : conns)
+                if (c.id.get() == ev->id) {
+                    c.cm += std::string(c.cm.empty() ? "" : ",") + verbs::to_string(ev->type);
+                    if (ev->type != verbs::CmEventType::established) c.ended = true;
+                }
+        }
+        // Every connection's end has been seen (bounded), then one line per case.
+        ctx->run_until([&] {
+            drain();
+            while (auto ev = ctx->get_cm_event())
+                for (auto& c : conns)
+                    if (c.id.get() == ev->id) {
+                        c.cm += std::string(c.cm.empty() ? "" : ",") + verbs::to_string(ev->type);
+                        if (ev->type != verbs::CmEventType::established) c.ended = true;
+                    }
+            for (const auto& c : conns)
+                if (!c.ended) return false;
+            return true;
+        }, 3s);
+        // softrdma as the initiator: one connection per reply case, each to its end (bounded).
+        for (const auto& name : kReplyCases) {
+            const std::size_t q = conns.size();
+            Conn& c = conns.emplace_back();
+            c.name = name;
+            c.qp = pd->create_qp({.send_cq = cq.get(), .recv_cq = cq.get(), .cap = {.max_send_wr = 16, .max_recv_wr = kRecvs}});
+            for (std::uint32_t slot = 0; slot < kRecvs; ++slot) {
+                const verbs::Sge r = mr->sge(kRegion + kRecvLen * (q * kRecvs + slot), kRecvLen);
+                const verbs::RecvWr rw{.wr_id = q << 8 | slot, .sg_list = {&r, 1}};
+                if (!c.qp->post_recv({&rw, 1}).ok()) throw std::runtime_error("post_recv refused");
+            }
+            const std::string hello = "HOSTILE:" + name;
+            const verbs::ConnParam cp{.private_data = std::as_bytes(std::span(hello)), .responder_resources = 2,
+                                      .initiator_depth = 2};
+            c.id = ctx->connect(cfg.peer, static_cast<std::uint16_t>(cfg.tcp_port + 1), *c.qp, cp);
+            ctx->run_until([&] {
+                drain();
+                while (auto ev = ctx->get_cm_event())
+                    if (ev->id == c.id.get()) {
+                        c.cm += std::string(c.cm.empty() ? "" : ",") + verbs::to_string(ev->type);
+                        if (ev->type != verbs::CmEventType::established) c.ended = true;
+                        else if (name.rfind("reply-read-", 0) == 0) {  // READ 64 bytes of the script's "memory"
+                            const verbs::Sge sink = mr->sge(0, 64);
+                            const verbs::SendWr rd{.wr_id = q << 8 | 0x80, .opcode = verbs::WrOpcode::rdma_read,
+                                                   .send_flags = verbs::send_flags::signaled, .sg_list = {&sink, 1},
+                                                   .rdma = {.remote_addr = 0x1000, .rkey = 0x77}};
+                            if (!c.qp->post_send({&rd, 1}).ok()) throw std::runtime_error("READ refused");
+                        }
+                    }
+                return c.ended;
+            }, 12s);
+        }
+        ctx->run_until([&] { drain(); return false; }, 100ms);
+        drain();
+        std::string lines;
+        for (const auto& c : conns) lines += describe(c) + "\n";
+        report(lines);
+        if (!quit) {
+            report("no quit");
+            rc = 1;
+        }
+        for (auto& c : conns) c.id.reset();
+        ctx->run_until([&] { return ctx->impl().stack().active_pcbs() == 0; }, 3s);
+        conns.clear();
+    }
+    return finish_checks(ctx->impl().stack(), ctx->impl().port(), baseline, rc);
+}
+
+// What each case must draw. `wire`: how the script's line after "hostile CASE: " starts; `server`: a part of
+// the server's line for that connection ("" = the server never saw a connection request: refused in MPA).
+struct Expect {
+    std::string wire;
+    std::string server;
+};
+
+// Layers: 0 RDMAP, 1 DDP, 2 LLP (MPA). With opaque access errors (the default) the wire reads "invalid STag"
+// (DDP 1/1/0 for a tagged message, RDMAP 0/1/0 for a READ request) while the server's QP keeps the cause.
+std::string code(int layer, int etype, int ecode) {
+    return "layer=" + std::to_string(layer) + " etype=" + std::to_string(etype) + " ecode=" + std::to_string(ecode);
+}
+// The headers attached (RFC 5040 section 4.8 flags M, D, R; siw's choice): none for MPA errors, version and
+// opcode errors and RDMAP catastrophic ones; the DDP header (M, D) for the rest; R too for a READ request that
+// broke a protection rule.
+std::string term(int l, int e, int c, bool read_request = false) {
+    const bool none = l == 2 || (l == 1 && c == (e == 1 ? 4 : 6)) || (l == 0 && (e == 0 || c == 5 || c == 6));
+    const std::string mdr = none ? "000" : (l == 0 && e == 1 && read_request) ? "111" : "110";
+    return "got terminate " + code(l, e, c) + " end=close mdr=" + mdr;
+}
+std::string sent(int l, int e, int c, std::string cause = "", const char* wcs = "recv_ok=0 flushed=4") {
+    return "term sent " + code(l, e, c) + " cause " + (cause.empty() ? code(l, e, c) : cause) + " qp=ERR " + wcs;
+}
+
+const std::map<std::string, Expect>& expectations() {
+    static const std::map<std::string, Expect> m{
+        // MPA request frames (RFC 5044 section 7.1): the connection is closed, no reply, no QP.
+        {"bad-key", {"got close", ""}},
+        {"bad-revision", {"got close", ""}},
+        {"pd-too-long", {"got close", ""}},
+        {"pd-beyond-sent", {"got close", ""}},  // at the 5 s request time limit
+        {"truncated-request", {"got close", ""}},
+        {"reply-key", {"got close", ""}},
+        {"quit", {"got mpa-reject", ""}},
+        {"pd-512", {"got mpa-reply", "no-terminate qp=ERR recv_ok=0 flushed=4"}},  // the most RFC 5044 allows
+        // Framing: a ULPDU length that cannot hold the header is MPA's (LLP, 0x03 as siw).
+        {"short-ulpdu", {term(2, 0, 3), sent(2, 0, 3)}},
+        {"ulpdu-1", {term(2, 0, 3), sent(2, 0, 3)}},
+        {"terminate-short", {term(2, 0, 3), sent(2, 0, 3)}},
+        {"over-mulpdu", {"got close", "no-terminate qp=ERR recv_ok=1 flushed=3"}},  // taken: MULPDU binds the sender
+        {"fpdu-truncated-close", {"got close", "no-terminate qp=ERR recv_ok=0 flushed=4"}},
+        {"length-then-close", {term(1, 2, 5), sent(1, 2, 5)}},  // too long for the receive: refused at the header
+        {"garbage", {"got terminate", "term sent"}},
+        // Versions and opcodes (RFC 5041 section 7.2, RFC 5040 section 4.8).
+        {"opcode-13", {term(0, 2, 6), sent(0, 2, 6)}},
+        {"ddp-version-0", {term(1, 2, 6), sent(1, 2, 6)}},
+        {"ddp-version-2-tagged", {term(1, 1, 4), sent(1, 1, 4)}},
+        {"rdmap-version-2", {term(0, 2, 5), sent(0, 2, 5)}},
+        // Untagged buffers (RFC 5041 section 7.2).
+        {"bad-qn", {term(1, 2, 1), sent(1, 2, 1)}},
+        {"msn-out-of-window", {term(1, 2, 3), sent(1, 2, 3)}},
+        {"msn-zero", {term(1, 2, 3), sent(1, 2, 3)}},
+        {"mo-past-buffer", {term(1, 2, 4), sent(1, 2, 4)}},
+        {"send-too-long", {term(1, 2, 5), sent(1, 2, 5)}},
+        {"send-flood", {term(1, 2, 2), sent(1, 2, 2, "", "recv_ok=4 flushed=0")}},
+        // Tagged buffers and READs: opaque on the wire, precise in terminate_info().cause.
+        {"write-bogus-stag", {term(1, 1, 0), sent(1, 1, 0)}},
+        {"write-past-region", {term(1, 1, 0), sent(1, 1, 0, code(1, 1, 1))}},
+        {"write-to-wrap", {term(1, 1, 0), sent(1, 1, 0, code(1, 1, 3))}},
+        {"read-beyond-ird", {term(0, 2, 7), sent(0, 2, 7)}},  // catastrophic error, stream (as siw)
+        {"read-huge", {term(0, 1, 0, true), sent(0, 1, 0, code(0, 1, 1))}},  // 4 GiB - 1: base/bounds
+        {"read-src-wrap", {term(0, 1, 0, true), sent(0, 1, 0, code(0, 1, 4))}},
+        {"read-response-unasked", {term(0, 2, 6), sent(0, 2, 6)}},
+        {"write-stag-switch", {term(1, 1, 0), sent(1, 1, 0)}},  // a continuation naming another STag
+        {"send-inv-mr", {term(0, 2, 9), sent(0, 2, 9, code(0, 1, 9))}},  // an MR is never remotely invalidated
+        // RFC 7306 opcodes on a connection that did not agree to RFC 7306.
+        {"atomic-unnegotiated", {term(0, 2, 6), sent(0, 2, 6)}},
+        {"imm-unnegotiated", {term(0, 2, 6), sent(0, 2, 6)}},
+        // TERMINATEs received: never answered with one.
+        {"terminate-first", {"got close", "term received " + code(1, 2, 0) + " qp=ERR recv_ok=0 flushed=4"}},
+        {"terminate-long", {"got close", "term received " + code(1, 2, 6) + " qp=ERR recv_ok=0 flushed=4"}},
+        {"terminate-after-send", {"got close", "term received " + code(15, 15, 255) + " qp=ERR recv_ok=1 flushed=3"}},
+        // A window that never opens, then a reset; and a well-behaved control.
+        {"zero-window", {"got nothing (closed with unread data)", "no-terminate qp=ERR recv_ok=0 flushed=4"}},
+        {"dribble", {"got nothing after 1 fpdus", "no-terminate qp=ERR recv_ok=1 flushed=3"}},  // 1 byte/segment
+        {"zero-write-flood", {"got close", "no-terminate qp=ERR recv_ok=1 flushed=3"}},
+        {"silent", {"got nothing", "no-terminate qp=ERR recv_ok=0 flushed=4"}},
+        {"good-send", {"got close", "no-terminate qp=ERR recv_ok=1 flushed=3"}},
+        // softrdma initiating, bad MPA replies: after the reply the initiator owns the stream, so an invalid
+        // frame draws a TERMINATE (RFC 5044 section 8 code 0x04; RFC 6581 section 9 0x06 for insufficient IRD).
+        {"reply-bad-key", {term(2, 0, 4), sent(2, 0, 4) + " ended=yes async=QP fatal error cm=error"}},
+        {"reply-bad-revision", {term(2, 0, 4), sent(2, 0, 4) + " ended=yes async=QP fatal error cm=error"}},
+        {"reply-pd-too-long", {term(2, 0, 4), sent(2, 0, 4) + " ended=yes async=QP fatal error cm=error"}},
+        {"reply-ord-too-high", {term(2, 0, 6), sent(2, 0, 6) + " ended=yes async=QP fatal error cm=error"}},
+        {"reply-truncated", {"got close", "no-terminate qp=ERR recv_ok=0 flushed=4 ended=yes cm=error"}},
+        {"reply-markers", {"got close", "no-terminate qp=ERR recv_ok=0 flushed=4 ended=yes cm=error"}},  // policy
+        {"reply-reject", {"got close", "no-terminate qp=ERR recv_ok=0 flushed=4 ended=yes cm=rejected"}},
+        // READ responses that do not match softrdma's READ (siw's checks and codes; opaque on the wire). The
+        // READ is flushed: the check fails on the response's header, before it is the READ's (as siw). The
+        // good one is followed by the initiator's zero-length WRITE nudge (verbs/cm.cpp, FirstFpduGuard).
+        {"reply-read-good", {"got close", "no-terminate qp=ERR recv_ok=0 flushed=4 wc=rdma_read:success"}},
+        {"reply-read-wrong-stag", {term(1, 1, 0), sent(1, 1, 0) + " wc=rdma_read:WR flush error"}},
+        {"reply-read-wrong-to", {term(1, 1, 0), sent(1, 1, 0, code(1, 1, 1)) + " wc=rdma_read:WR flush error"}},
+        {"reply-read-too-long", {term(1, 1, 0), sent(1, 1, 0, code(1, 1, 1)) + " wc=rdma_read:WR flush error"}},
+        {"reply-read-short", {term(1, 1, 0), sent(1, 1, 0, code(1, 1, 1)) + " wc=rdma_read:WR flush error"}},
+        {"reply-then-garbage", {term(0, 2, 6), sent(0, 2, 6) + " ended=yes async=QP fatal error cm=established,disconnected"}},
+    };
+    return m;
+}
+
+std::map<std::string, std::string> lines_after(const std::string& text, const std::string& prefix) {
+    std::map<std::string, std::string> out;
+    std::istringstream in(text);
+    for (std::string l; std::getline(in, l);) {
+        const auto at = l.find(prefix);
+        if (at == std::string::npos) continue;
+        const auto colon = l.find(": ", at);
+        if (colon == std::string::npos) continue;
+        out[l.substr(at + prefix.size(), colon - at - prefix.size())] = l.substr(colon + 2);
+    }
+    return out;
+}
+
+}  // namespace
+
+TEST_CASE("a hostile peer: every misbehaviour draws the RFC's answer, the server lives on and leaks nothing",
+          "[verbs][security][hostile][af_packet]") {
+    std::string why;
+    if (!VethPair::can_create(why) || std::system("command -v ethtool >/dev/null 2>&1 && command -v python3 >/dev/null 2>&1") != 0) {
+        WARN("skipped: " << (why.empty() ? "needs ethtool and python3" : why));
+        return;
+    }
+    VethPair veth;
+    auto [server, client] = memif_pair();
+    server.port = io::PortConfig{};
+    server.port.backend = Backend::af_packet;
+    server.port.iface = veth.if_a;
+    server.netns = veth.ns_a;
+    // The kernel plays the peer on the other end, with real checksums (veth offloads them otherwise).
+    const std::string kernel_ip = client.stack.ip.address.str();
+    REQUIRE(std::system(("ip -n " + veth.ns_b + " addr add " + kernel_ip + "/24 dev " + veth.if_b).c_str()) == 0);
+    REQUIRE(std::system(("ip netns exec " + veth.ns_b + " ethtool -K " + veth.if_b + " tx off >/dev/null").c_str()) == 0);
+    const std::string out = "/tmp/" + unique_name("hostile-") + ".txt";
+    const char* only = std::getenv("SOFTRDMA_HOSTILE_CASES");  // debugging: a few cases by name
+    std::string reply_list;
+    for (const auto& r : kReplyCases) reply_list += " " + r;
+    const std::string cmd = "ip netns exec " + veth.ns_b + " python3 " + std::string(SOFTRDMA_SOURCE_DIR) +
+                            "/tests/verbs/hostile.py " + server.stack.ip.address.str() + " " +
+                            std::to_string(server.tcp_port) + " " + (only ? std::string(only) + " quit" + reply_list : "all") +
+                            " >" + out + " 2>&1";
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto outcomes = run_roles({{"server", [&] { return hostile_server(server); }},
+                                     {"hostile", [&] {
+                                          const int rc = std::system(cmd.c_str());
+                                          std::string text;
+                                          if (FILE* f = std::fopen(out.c_str(), "r")) {
+                                              char b[512];
+                                              while (std::fgets(b, sizeof b, f)) text += b;
+                                              std::fclose(f);
+                                          }
+                                          report(text);
+                                          return rc == 0 ? 0 : 1;
+                                      }, 500ms}},
+                                    100s);
+    std::remove(out.c_str());
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    for (const auto& o : outcomes) {
+        INFO(o.name << " exit=" << o.exit_code << (o.timed_out ? " TIMED OUT" : "") << "\n" << o.report);
+        CHECK_FALSE(o.timed_out);
+        CHECK(o.exit_code == 0);
+    }
+    WARN("hostile peer: " << secs << " s\n" << outcomes[1].report << outcomes[0].report);
+    const auto wire = lines_after(outcomes[1].report, "hostile ");
+    const auto seen = lines_after(outcomes[0].report, "server ");
+    for (const auto& [name, line] : wire) {
+        INFO("case " << name << ": " << line);
+        CHECK(expectations().count(name) == 1);  // every case played has its answer in the table
+    }
+    for (const auto& [name, want] : expectations()) {
+        if (only && std::string(only).find(name) == std::string::npos) continue;
+        INFO("case " << name);
+        const auto w = wire.find(name);
+        REQUIRE(w != wire.end());
+        CHECK(w->second.rfind(want.wire, 0) == 0);
+        const auto s = seen.find(name);
+        if (std::string(want.server).empty()) {
+            CHECK(s == seen.end());
+        } else {
+            REQUIRE(s != seen.end());
+            CHECK(s->second.find(want.server) != std::string::npos);
+            CHECK(s->second.find("qp=ERR") != std::string::npos);
+            CHECK(s->second.find("ended=yes") != std::string::npos);
+        }
+    }
+}
