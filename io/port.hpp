@@ -31,6 +31,7 @@
 #include <softrdma/config.hpp>
 #include <softrdma/diagnostics.hpp>
 
+#include "base/tsan.hpp"
 #include "io/eal.hpp"
 #include "io/error.hpp"
 #include "io/memif_guard.hpp"
@@ -61,7 +62,12 @@ public:
         if (open_.load()) [[likely]] {
             if (rx_faults_) [[unlikely]] n = rx_faulty(out);
             else n = rte_eth_rx_burst(port_id_, 0, out.data(), static_cast<std::uint16_t>(out.size()));
-            if (n != 0) account_rx(out.first(n));
+            if (n != 0) {
+                // The sender's writes (the peer's answer to what this process sent; on a ring pair inside one
+                // process, the frame itself) happen before anything here reads them (base/tsan.hpp).
+                wire_acquire(this);
+                account_rx(out.first(n));
+            }
         }
         rx_busy_.store(false, std::memory_order_release);
         return n;

@@ -143,7 +143,7 @@ signed char Stack::link_output(netif* nif, pbuf* p) {
         return ERR_IF;
     }
     rte_mbuf* m = self->port_.alloc();
-    wire_acquire(self->port_.pool());  // the mbuf may have been the RX thread's (see io/tsan.hpp)
+    wire_acquire(self->port_.pool());  // the mbuf may have been the RX thread's (see base/tsan.hpp)
     if (m == nullptr) {
         ++self->counters_.tx_dropped;
         return ERR_MEM;
@@ -176,7 +176,7 @@ void Stack::flush_tx_inner() noexcept {
         port_.tx_release_held();  // fault injection's delayed frames (nothing when it is off)
         return;
     }
-    wire_release(&port_);  // what we did before sending (see io/tsan.hpp)
+    wire_release(&port_);  // what we did before sending (see base/tsan.hpp)
     while (tx_head_ != tx_tail_) {
         const std::uint64_t t0 = cfg_.count_cycles ? cycles_now() : 0;
         const unsigned sent = port_.tx_burst(std::span(tx_queue_ + tx_head_, std::min(tx_tail_ - tx_head_, 64u)));

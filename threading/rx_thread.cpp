@@ -397,10 +397,7 @@ void RxThread::run() noexcept {
             got = port_.rx_burst(std::span<rte_mbuf*>(burst, room));
             // Commands queued before these frames arrived (a handover pushed before our MPA reply went out)
             // must apply to them.
-            if (got != 0) {
-                wire_acquire(&port_);  // the peer answered what the application sent (see io/tsan.hpp)
-                do_commands();
-            }
+            if (got != 0) do_commands();  // (rx_burst acquired what the sender wrote: base/tsan.hpp)
             for (unsigned i = 0; i < got; ++i) process(burst[i]);
             if (got != 0) {
                 wire_release(port_.pool());  // mbufs freed here go to the application's allocs
