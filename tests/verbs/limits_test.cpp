@@ -84,7 +84,8 @@ TEST_CASE("a CQ smaller than its completions: the surplus is counted, one cq_err
                          .send_flags = verbs::send_flags::signaled, .sg_list = {&s, 1}});
         }
         expect_ok(p.wait_wc(kSends));
-        return p.end(0);  // the server disconnects when it has checked
+        p.wait_event(verbs::CmEventType::disconnected);  // the server disconnects once it has checked its QP
+        return p.end(0);
     };
     check_outcomes(run_pair(server, client));
 }
