@@ -99,3 +99,14 @@ TEST_CASE("256 MiB TCP stream over af_packet on a veth pair between two namespac
     CHECK(field(out[0].report, "rx_bytes") == std::to_string(bytes));
     WARN("af_packet stream: " << field(out[0].report, "MBps") << " MB/s");
 }
+
+extern "C" uint32_t softrdma_lwip_rand(void);
+
+// lwIP seeds its first ephemeral port from LWIP_RAND()'s low 14 bits; all ones would make it 0xffff, from
+// which lwIP's next port wraps to 0 and the process's first connect fails (stack/sys_arch.cpp).
+TEST_CASE("LWIP_RAND never seeds lwIP's ephemeral ports at 0xffff", "[stack]") {
+    int bad = 0;
+    for (int i = 0; i < 1 << 20; ++i)  // ~64 such values expected without the guard
+        if ((softrdma_lwip_rand() & 0x3fffu) == 0x3fffu) ++bad;
+    CHECK(bad == 0);
+}
