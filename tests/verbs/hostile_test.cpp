@@ -102,6 +102,27 @@ int hostile_server(const PeerConfig& cfg) {
                 for (auto& c : conns)
                     if (c.qp && c.qp->qp_num() == ev->qp_num) c.async = verbs::to_string(ev->type);
         };
+        // A connection for case `name`: its QP with every receive posted (wr_id: connection << 8 | slot).
+        auto add_conn = [&](const std::string& name) -> Conn& {
+            const std::size_t q = conns.size();
+            Conn& c = conns.emplace_back();
+            c.name = name;
+            c.qp = pd->create_qp({.send_cq = cq.get(), .recv_cq = cq.get(), .cap = {.max_send_wr = 16, .max_recv_wr = kRecvs}});
+            for (std::uint32_t slot = 0; slot < kRecvs; ++slot) {
+                const verbs::Sge r = mr->sge(kRegion + kRecvLen * (q * kRecvs + slot), kRecvLen);
+                const verbs::RecvWr rw{.wr_id = q << 8 | slot, .sg_list = {&r, 1}};
+                if (!c.qp->post_recv({&rw, 1}).ok()) throw std::runtime_error("post_recv refused");
+            }
+            return c;
+        };
+        // A CM event on one of the connections: recorded, and the connection marked ended unless established.
+        auto note_cm = [&](const verbs::CmEvent& ev) {
+            for (auto& c : conns)
+                if (c.id.get() == ev.id) {
+                    c.cm += std::string(c.cm.empty() ? "" : ",") + verbs::to_string(ev.type);
+                    if (ev.type != verbs::CmEventType::established) c.ended = true;
+                }
+        };
         const auto until = std::chrono::steady_clock::now() + 80s;
         while (!quit && std::chrono::steady_clock::now() < until) {
             ctx->run_until([] { return false; }, 1ms);
@@ -117,36 +138,19 @@ int hostile_server(const PeerConfig& cfg) {
                     if (!ev->request->reject({})) throw std::runtime_error("reject");
                     continue;
                 }
-                const std::size_t q = conns.size();
-                Conn& c = conns.emplace_back();
-                c.name = name;
-                c.qp = pd->create_qp({.send_cq = cq.get(), .recv_cq = cq.get(), .cap = {.max_send_wr = 16, .max_recv_wr = kRecvs}});
-                for (std::uint32_t slot = 0; slot < kRecvs; ++slot) {
-                    const verbs::Sge r = mr->sge(kRegion + kRecvLen * (q * kRecvs + slot), kRecvLen);
-                    const verbs::RecvWr rw{.wr_id = q << 8 | slot, .sg_list = {&r, 1}};
-                    if (!c.qp->post_recv({&rw, 1}).ok()) throw std::runtime_error("post_recv refused");
-                }
+                Conn& c = add_conn(name);
                 const RemoteRegion me{mr->addr(), mr->rkey(), static_cast<std::uint32_t>(mr->length())};
                 verbs::ConnParam cp{.private_data = as_bytes(me), .responder_resources = 2, .initiator_depth = 2};
                 if (!ev->request->accept(*c.qp, cp)) throw std::runtime_error("accept");
                 c.id = std::move(ev->request);
                 continue;
             }
-            for (auto& c : conns)
-                if (c.id.get() == ev->id) {
-                    c.cm += std::string(c.cm.empty() ? "" : ",") + verbs::to_string(ev->type);
-                    if (ev->type != verbs::CmEventType::established) c.ended = true;
-                }
+            note_cm(*ev);
         }
         // Every connection's end has been seen (bounded), then one line per case.
         ctx->run_until([&] {
             drain();
-            while (auto ev = ctx->get_cm_event())
-                for (auto& c : conns)
-                    if (c.id.get() == ev->id) {
-                        c.cm += std::string(c.cm.empty() ? "" : ",") + verbs::to_string(ev->type);
-                        if (ev->type != verbs::CmEventType::established) c.ended = true;
-                    }
+            while (auto ev = ctx->get_cm_event()) note_cm(*ev);
             for (const auto& c : conns)
                 if (!c.ended) return false;
             return true;
@@ -154,14 +158,7 @@ int hostile_server(const PeerConfig& cfg) {
         // softrdma as the initiator: one connection per reply case, each to its end (bounded).
         for (const auto& name : kReplyCases) {
             const std::size_t q = conns.size();
-            Conn& c = conns.emplace_back();
-            c.name = name;
-            c.qp = pd->create_qp({.send_cq = cq.get(), .recv_cq = cq.get(), .cap = {.max_send_wr = 16, .max_recv_wr = kRecvs}});
-            for (std::uint32_t slot = 0; slot < kRecvs; ++slot) {
-                const verbs::Sge r = mr->sge(kRegion + kRecvLen * (q * kRecvs + slot), kRecvLen);
-                const verbs::RecvWr rw{.wr_id = q << 8 | slot, .sg_list = {&r, 1}};
-                if (!c.qp->post_recv({&rw, 1}).ok()) throw std::runtime_error("post_recv refused");
-            }
+            Conn& c = add_conn(name);
             const std::string hello = "HOSTILE:" + name;
             const verbs::ConnParam cp{.private_data = std::as_bytes(std::span(hello)), .responder_resources = 2,
                                       .initiator_depth = 2};
