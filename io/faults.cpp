@@ -8,6 +8,11 @@
 #include <rte_cycles.h>
 
 namespace softrdma::io {
+
+// The counters are written by the one thread bursting this direction and read by any (diagnostics, the soak's
+// once-a-second check): relaxed atomic stores and loads, no locked add (see Port::rx_fault_counters).
+static inline void bump(std::uint64_t& c) noexcept { __atomic_store_n(&c, c + 1, __ATOMIC_RELAXED); }
+
 namespace {
 
 std::uint64_t threshold(double rate) {
@@ -88,7 +93,7 @@ void FaultInjector::corrupt(rte_mbuf* m) noexcept {
     if (len <= 14) return;
     const std::uint32_t at = 14 + static_cast<std::uint32_t>(next() % (len - 14));
     rte_pktmbuf_mtod(m, std::uint8_t*)[at] ^= static_cast<std::uint8_t>(1u << (next() % 8));
-    ++counters_.corrupted;
+    bump(counters_.corrupted);
 }
 
 bool FaultInjector::hold(rte_mbuf* m, std::uint64_t due) noexcept {
@@ -116,22 +121,22 @@ std::uint16_t FaultInjector::apply(std::span<rte_mbuf*> buf, std::uint16_t n) no
         rte_mbuf* m = in[i];
         if (hit(drop_)) {
             rte_pktmbuf_free(m);
-            ++counters_.dropped;
+            bump(counters_.dropped);
             continue;
         }
         if (hit(corrupt_)) corrupt(m);
         if (hit(delay_) && hold(m, now + delay_tsc_)) {
-            ++counters_.delayed;
+            bump(counters_.delayed);
             continue;
         }
         if (hit(reorder_) && hold(m, now)) {  // goes out at the next burst, behind what follows it in this one
-            ++counters_.reordered;
+            bump(counters_.reordered);
             continue;
         }
         if (out == buf.size()) {  // no room (held frames filled it): keep it for the next burst
             if (!hold(m, now)) {
                 rte_pktmbuf_free(m);  // nowhere to keep it: lost, as on a full link
-                ++counters_.dropped;
+                bump(counters_.dropped);
             }
             continue;
         }
@@ -139,7 +144,7 @@ std::uint16_t FaultInjector::apply(std::span<rte_mbuf*> buf, std::uint16_t n) no
         if (hit(dup_) && out < buf.size()) {
             if (rte_mbuf* c = rte_pktmbuf_copy(m, pool_, 0, UINT32_MAX)) {
                 buf[out++] = c;
-                ++counters_.duplicated;
+                bump(counters_.duplicated);
             }
         }
     }

@@ -97,8 +97,9 @@ public:
     // (they count as mbufs in use). tx_release_held(): sends held TX frames that are due (the stack calls it
     // when it has nothing else to send).
     bool faults_on() const noexcept { return rx_faults_ != nullptr; }
-    FaultCounters rx_fault_counters() const noexcept { return rx_fault_counters_; }
-    FaultCounters tx_fault_counters() const noexcept { return tx_fault_counters_; }
+    // From any thread (the RX thread bursts RX while the application reads them): relaxed atomic loads.
+    FaultCounters rx_fault_counters() const noexcept { return load(rx_fault_counters_); }
+    FaultCounters tx_fault_counters() const noexcept { return load(tx_fault_counters_); }
     std::size_t faults_held() const noexcept;
     void tx_release_held() noexcept {
         if (tx_faults_) [[unlikely]] tx_burst({});
@@ -162,6 +163,13 @@ private:
     void stop_watcher() noexcept;
     CloseResult finish_memif_link() noexcept;
     void account_rx(std::span<rte_mbuf* const> frames) noexcept;
+    static FaultCounters load(const FaultCounters& c) noexcept {
+        return FaultCounters{.dropped = __atomic_load_n(&c.dropped, __ATOMIC_RELAXED),
+                             .duplicated = __atomic_load_n(&c.duplicated, __ATOMIC_RELAXED),
+                             .reordered = __atomic_load_n(&c.reordered, __ATOMIC_RELAXED),
+                             .delayed = __atomic_load_n(&c.delayed, __ATOMIC_RELAXED),
+                             .corrupted = __atomic_load_n(&c.corrupted, __ATOMIC_RELAXED)};
+    }
     PortCounters counters_tx_view() const noexcept {
         return PortCounters{.tx_packets = counters_.tx_packets, .tx_bytes = counters_.tx_bytes,
                             .tx_refused = counters_.tx_refused};

@@ -553,6 +553,7 @@ int ibv_destroy_comp_channel(ibv_comp_channel* channel) {
     if (!c->cqs.empty()) return EBUSY;
     ::close(c->ch.fd);
     c->destroyed = true;
+    if (c->waiters == 0) delete c;  // else the last thread waiting in ibv_get_cq_event frees it
     return 0;
 }
 
@@ -615,7 +616,17 @@ int ibv_get_cq_event(ibv_comp_channel* channel, ibv_cq** cq, void** cq_context) 
             return -1;
         }
         nonblocking = (flags & O_NONBLOCK) != 0;
+        ++ch->waiters;
     }
+    // On the way out (every path below): the last waiter frees a channel destroyed meanwhile.
+    struct Leave {
+        Runtime& rt;
+        Channel* ch;
+        ~Leave() {
+            Guard g(rt);
+            if (--ch->waiters == 0 && ch->destroyed) delete ch;
+        }
+    } leave{*rt, ch};
     Cq* got = nullptr;
     bool destroyed = false;
     auto take = [&] {

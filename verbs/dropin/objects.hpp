@@ -42,7 +42,10 @@ struct Channel {
     ibv_comp_channel ch{};
     std::vector<Cq*> cqs;
     bool readable{false};  // its fd holds a count (see ibverbs.cpp, refresh)
-    // Destroyed: fd closed; the struct is kept (a thread may still be on its way into ibv_get_cq_event).
+    // Threads inside ibv_get_cq_event on it (under the lock). Destroying the channel closes its fd and frees the
+    // struct at once when none is; otherwise it is marked destroyed, they return EBADF and the last one out frees
+    // it. (As with rdma-core, a thread must not enter ibv_get_cq_event after the channel was destroyed.)
+    unsigned waiters{0};
     bool destroyed{false};
 };
 struct Srq {

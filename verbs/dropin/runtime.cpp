@@ -243,15 +243,15 @@ unsigned Runtime::turn() noexcept {
     // Under the lock: only one thread writes it (no locked add); the progress thread only reads.
     turns_.store(turns_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
     const unsigned frames = ctx_->poll();
-    for (Hook h : hooks_)
-        if (h != nullptr) h();
+    for (const std::atomic<Hook>& slot : hooks_)
+        if (Hook h = slot.load(std::memory_order_acquire); h != nullptr) h();
     return frames;
 }
 
 void Runtime::flush() noexcept {
     ctx_->flush();
-    for (Hook h : hooks_)
-        if (h != nullptr) h();
+    for (const std::atomic<Hook>& slot : hooks_)
+        if (Hook h = slot.load(std::memory_order_acquire); h != nullptr) h();
 }
 
 // Turns on behalf of programs that are not calling verbs: one waiting on a channel's fd with poll/epoll, one

@@ -86,14 +86,15 @@ public:
     const Settings& settings() const noexcept { return settings_; }
     void shutdown() noexcept;
     // Work each library does after every turn, under the lock: libibverbs turns CQ events into channel events,
-    // librdmacm sorts the Context's CM events onto their event channels. Control path (set once each).
+    // librdmacm sorts the Context's CM events onto their event channels. Control path (set once each), from any
+    // thread and without the lock (each library's entry points call it): the slots are atomic, claimed once.
     using Hook = void (*)() noexcept;
     void add_after_turn(Hook h) noexcept {
-        for (Hook& slot : hooks_)
-            if (slot == h || slot == nullptr) {
-                slot = h;
-                return;
-            }
+        for (std::atomic<Hook>& slot : hooks_) {
+            Hook cur = slot.load(std::memory_order_acquire);
+            if (cur == nullptr && slot.compare_exchange_strong(cur, h, std::memory_order_acq_rel)) return;
+            if (cur == h) return;  // already there (or another thread just put it there)
+        }
     }
 
 private:
@@ -112,7 +113,7 @@ private:
     bool posted_since_turn_{false};  // under the lock
     std::atomic<bool> stop_{false};
     std::unique_ptr<std::thread> progress_;
-    std::array<Hook, 2> hooks_{};
+    std::array<std::atomic<Hook>, 2> hooks_{};
 };
 
 // The shortest gap between the progress thread's turns, while its turns keep finding frames (runtime.cpp).
