@@ -276,6 +276,17 @@ std::string pools_back(verbs::Context& ctx, const stack::PoolUsage& baseline) {
     return baseline.diff(st.pool_usage());
 }
 
+// On a failure: what the RX thread dropped or found out of order, and lwIP's TCP/IP counters (retransmissions,
+// drops, checksum errors), to tell a lost segment from a stuck connection.
+std::string internals_text(verbs::Context& ctx) {
+    std::string out;
+    if (const auto r = verbs::diagnostics::rx_thread(ctx))
+        out += "rx_thread frames=" + std::to_string(r->frames) + " dropped=" + std::to_string(r->dropped) +
+               " out_of_order=" + std::to_string(r->out_of_order) + " stalled_turns=" +
+               std::to_string(r->stalled_turns) + "; ";
+    return out + "lwip " + ctx.impl().stack().protocol_counters();
+}
+
 std::string faults_text(const FaultCounters& f) {
     return std::to_string(f.dropped) + "/" + std::to_string(f.duplicated) + "/" + std::to_string(f.reordered) + "/" +
            std::to_string(f.delayed) + "/" + std::to_string(f.corrupted);
@@ -507,6 +518,7 @@ int run_server(const test::PeerConfig& pc, const Options& o) {
                   std::to_string(health.rss_start) + " rss_warm=" + std::to_string(health.rss_warm) +
                   " rss_end=" + std::to_string(rss_end));
     if (!health.failure.empty()) {
+        procs::report("internals " + internals_text(*ctx));
         procs::report("fail " + health.failure);
         return 1;
     }
@@ -941,6 +953,7 @@ int run_client(const test::PeerConfig& base, const Options& o) {
                   std::to_string(health.rss_warm) + " rss_max=" + std::to_string(health.rss_max_after) +
                   " rss_end=" + std::to_string(rss_end) + " seconds=" + std::to_string(static_cast<int>(health.elapsed())));
     if (!health.failure.empty()) {
+        procs::report("internals " + internals_text(*ctx));
         procs::report("fail " + health.failure);
         return 1;
     }

@@ -587,7 +587,12 @@ void Qp::on_marker() noexcept {
     rx_->set_sink(*ring_);                       // its events travel through the ring from now
     handed_over_ = true;
     if (handler_) handler_->placed_elsewhere = true;  // lwIP's bytes of this stream are stand-ins from now
-    engine_.rx_thread()->go(static_cast<std::uint16_t>(flow_));  // the RX thread owns the receive half from here
+    // The RX thread owns the receive half from here. It takes commands every turn: a ring still full after a
+    // second means it is not running; the stream cannot be received any more (it holds the segments) and ends.
+    if (!engine_.rx_thread()->go(static_cast<std::uint16_t>(flow_))) {
+        log::error("RX thread command ring full for 1 s: QP {} cannot take its stream over; ending it", qp_num_);
+        fail_stream(rdmap::err::local_catastrophic);
+    }
 }
 
 void Qp::on_gap() noexcept {
