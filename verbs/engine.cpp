@@ -71,15 +71,21 @@ void Engine::close() noexcept {
     for (std::size_t i = 0; i < conns_.size(); ++i) conns_[i]->close_for_context();
     // Connections still closing (data and our FIN not yet acknowledged, the peer's FIN not yet answered) need
     // polling to finish; a process that stops polling leaves its peer waiting, and a connection reset here
-    // loses what it still had to send. Bounded by close_linger without progress: while the peers keep
-    // acknowledging (fewer bytes queued or fewer connections than a close_linger ago) the wait goes on, up to
-    // kLingerWindows x close_linger in all (1024 connections with full send queues end in order).
+    // loses what it still had to send. Bounded by kStallWindows x close_linger without progress: while the peers
+    // keep acknowledging (fewer bytes queued or fewer connections than a window ago) the wait goes on, up to
+    // kLingerWindows x close_linger in all (1024 connections with full send queues end in order). One window
+    // without progress is not enough to give up: a segment lost to a full TX ring comes back only after TCP's
+    // retransmission timeout, which backs off past a window (seen: a slow peer, 1024 connections closing).
     constexpr int kLingerWindows = 20;
+    constexpr int kStallWindows = 3;
+    int stalled = 0;
     for (int w = 0; w < kLingerWindows && cfg_.close_linger.count() > 0; ++w) {
         const unsigned pcbs = stack_->active_pcbs();
         const std::uint64_t queued = stack_->queued_bytes();
         if (run_until([this] { return stack_->active_pcbs() == 0; }, cfg_.close_linger)) break;
-        if (stack_->active_pcbs() >= pcbs && stack_->queued_bytes() >= queued) break;  // no progress: give up
+        const bool progress = stack_->active_pcbs() < pcbs || stack_->queued_bytes() < queued;
+        stalled = progress ? 0 : stalled + 1;
+        if (stalled == kStallWindows) break;  // no progress for that long: give up
     }
     // From here nothing may reach lwIP or the port after they go: every TCP object is released now.
     for (Listener* l : listeners_) l->close_for_context();

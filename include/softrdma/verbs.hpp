@@ -628,8 +628,8 @@ struct ContextConfig {
     enum class Checksums : std::uint8_t { automatic, on, off } tcp_checksums{Checksums::automatic};
     // The destructor keeps polling while connections finish closing (data still queued, FIN handshakes), so the
     // peer gets everything and an orderly end even if the application stops polling right after its
-    // disconnected event: up to this long without progress (bytes acknowledged, connections closed), and at
-    // most 20 times this long in all; what is left then is reset.
+    // disconnected event: up to three times this long without progress (bytes acknowledged, connections
+    // closed), and at most 20 times this long in all; what is left then is reset.
     std::chrono::milliseconds close_linger{500};
     SecurityConfig security{};
     // The application thread inside run_until() / wait_cm_event() / drain() when a turn receives nothing:
