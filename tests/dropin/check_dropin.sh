@@ -4,7 +4,7 @@
 # processes over memif, each program's server and client. Checks what each prints (a device, verified
 # pings, results lines), both exit codes, and that a misconfigured launcher fails with one clear message.
 #   check_dropin.sh SOFTRDMA_RUN [SANITIZER_RUNTIME]
-# SANITIZER_RUNTIME: the ASan runtime to preload into the stock programs when the libraries are instrumented.
+# SANITIZER_RUNTIME: the ASan or TSan runtime to preload into the stock programs when the libraries are instrumented.
 set -uo pipefail
 run=$1
 work=$(mktemp -d /tmp/softrdma-dropin.XXXXXX)
