@@ -9,7 +9,10 @@ Prints one line per case, ending with the seconds it took:
   hostile CASE: got mpa-reject | mpa-reply | close | reset | nothing [S s]
 The MPA request carries "HOSTILE:CASE" as private data (revision 2, IRD/ORD 2/2, no CRC, no Markers), so the
 server can say which case a connection is. FPDUs (RFC 5044): be16 ULPDU length, ULPDU (DDP/RDMAP header and
-payload), pad to 4, a 4-byte CRC field sent as zero since CRC is not negotiated.
+payload), pad to 4, a 4-byte CRC field sent as zero unless the case negotiates CRC. Cases named crc-* ask
+for CRC (C flag; the server follows); markers-* and rfc7306-* connections are accepted by the server with
+Markers on what it receives (on its second listener, PORT + 2) and with RFC 7306 (it tells them by the name in
+the private data).
 """
 import random
 import socket
@@ -24,6 +27,7 @@ DEBUG = False  # seconds to wait for softrdma's answer
 
 # RDMAP opcodes (RFC 5040 section 4.3)
 WRITE, READ_REQ, READ_RESP, SEND, TERMINATE = 0, 1, 2, 3, 7
+IMM, ATOMIC_REQ, ATOMIC_RESP = 8, 10, 11  # RFC 7306 section 8
 
 
 class Closed(Exception):
@@ -39,9 +43,39 @@ def mpa_request(case, key=REQ_KEY, rev=2, pd_len=None, flags=0, ird=2, ord_=2, e
     return key + bytes([flags | enhanced, rev]) + struct.pack(">H", n) + pd
 
 
-def fpdu(ulpdu):
+def crc32c(data):
+    """CRC32c (Castagnoli, reflected 0x82F63B78), bitwise: independent of softrdma's table/SSE4.2 versions."""
+    c = 0xFFFFFFFF
+    for b in data:
+        c ^= b
+        for _ in range(8):
+            c = (c >> 1) ^ (0x82F63B78 & -(c & 1))
+    return c ^ 0xFFFFFFFF
+
+
+def fpdu(ulpdu, crc=False, crc_xor=0):
+    """An FPDU; with crc the CRC field holds CRC32c of the rest (least significant byte first, as siw), xored
+    with crc_xor (a corruption), else zero."""
     pad = (-(len(ulpdu) + 2)) & 3
-    return struct.pack(">H", len(ulpdu)) + ulpdu + b"\0" * pad + b"\0\0\0\0"
+    body = struct.pack(">H", len(ulpdu)) + ulpdu + b"\0" * pad
+    return body + struct.pack("<I", (crc32c(body) ^ crc_xor) if crc else 0)
+
+
+def with_markers(fpdus, pointer_xor=None):
+    """The FPDU stream of `fpdus` with an MPA Marker every 512 octets from its start (RFC 5044 section 5; the
+    first at offset 0): 16 reserved bits, then FPDUPTR, the distance back to the start of the FPDU the Marker
+    falls in (0 when it begins the FPDU). pointer_xor {n: x}: the n-th Marker's pointer xored with x."""
+    out = bytearray()
+    n = 0
+    for f in fpdus:
+        start = len(out)
+        for b in f:
+            if len(out) % 512 == 0:
+                ptr = (len(out) - start) ^ (pointer_xor or {}).get(n, 0)
+                out += struct.pack(">HH", 0, ptr)
+                n += 1
+            out.append(b)
+    return bytes(out)
 
 
 def ctrl(opcode, tagged=False, last=True, dv=1, rv=1):
@@ -58,6 +92,11 @@ def tagged(opcode, stag, to, payload=b"", last=True):
 
 def read_request(msn, sink_stag, sink_to, size, src_stag, src_to):
     return untagged(READ_REQ, 1, msn, 0, struct.pack(">IQIIQ", sink_stag, sink_to, size, src_stag, src_to))
+
+
+def atomic_request(msn, req_id, stag, to, op=0, add=0):
+    """RFC 7306 section 5.2.1 on QN 1 (shared with READ requests): op 0 Fetch-and-Add, 1 Compare-and-Swap."""
+    return untagged(ATOMIC_REQ, 1, msn, 0, struct.pack(">IIIQQQQQ", op, req_id, stag, to, add, 0, 0, 0))
 
 
 def recv_exact(s, n, deadline):
@@ -85,29 +124,34 @@ def connect(ip, port, rcvbuf=None):
 
 
 def mpa_answer(s, wait=ANSWER_WAIT):
-    """Reads the MPA reply: ("reply", private data) / ("reject", pd) / ("close"|"reset"|"nothing", None)."""
+    """Reads the MPA reply: ("reply", private data, flags) / ("reject", pd, flags) / ("close"|"reset"|"nothing",
+    None, 0)."""
     deadline = time.time() + wait
     try:
         hdr = recv_exact(s, 20, deadline)
         if hdr[:16] != REP_KEY:
-            return "bad-reply", None
+            return "bad-reply", None, 0
         pd = recv_exact(s, struct.unpack(">H", hdr[18:20])[0], deadline)
         if hdr[17] == 2 and hdr[16] & 0x10:
             pd = pd[4:]
-        return ("mpa-reject" if hdr[16] & 0x20 else "mpa-reply"), pd
+        return ("mpa-reject" if hdr[16] & 0x20 else "mpa-reply"), pd, hdr[16]
     except Closed:
-        return "close", None
+        return "close", None, 0
     except TimeoutError:
-        return "nothing", None
+        return "nothing", None, 0
     except ConnectionResetError:
-        return "reset", None
+        return "reset", None, 0
 
 
-def fpdu_answer(s, wait=ANSWER_WAIT):
-    """Reads FPDUs until a TERMINATE, the end of the stream or the time limit. Returns the line's tail."""
+def fpdu_answer(s, wait=ANSWER_WAIT, crc=False):
+    """Reads FPDUs until a TERMINATE, the end of the stream or the time limit. Returns the line's tail; with crc
+    it ends with "crc=ok" when every FPDU softrdma sent carried a good CRC, else "crc=bad"; each Atomic Response
+    adds its original value ("atomic=V,V")."""
     deadline = time.time() + wait
     term = None
     others = 0
+    crc_bad = 0
+    atomic = []
     end = "open"
     buf = b""
     try:
@@ -126,8 +170,12 @@ def fpdu_answer(s, wait=ANSWER_WAIT):
                 total = 2 + n + ((-(n + 2)) & 3) + 4
                 if len(buf) < total:
                     break
-                ulpdu, buf = buf[2:2 + n], buf[total:]
+                whole, ulpdu, buf = buf[:total], buf[2:2 + n], buf[total:]
+                if crc and crc32c(whole[:-4]) != struct.unpack("<I", whole[-4:])[0]:
+                    crc_bad += 1
                 c = struct.unpack(">H", ulpdu[:2])[0] if n >= 2 else 0
+                if not c & 0x8000 and c & 0xF == ATOMIC_RESP and n >= 30:
+                    atomic.append(struct.unpack(">Q", ulpdu[22:30])[0])
                 if not c & 0x8000 and c & 0xF == TERMINATE and n >= 22 and term is None:
                     w = struct.unpack(">I", ulpdu[18:22])[0]
                     term = (w >> 28, (w >> 24) & 0xF, (w >> 16) & 0xFF)
@@ -140,19 +188,24 @@ def fpdu_answer(s, wait=ANSWER_WAIT):
                 deadline = min(deadline, time.time() + 0.5)  # then wait a little for the close
     except ConnectionResetError:
         end = "reset"
+    tail = (" atomic=" + ",".join(map(str, atomic)) if atomic else "") + \
+           ((" crc=bad" if crc_bad else " crc=ok") if crc else "")
     if term is not None:
-        return "got terminate layer=%d etype=%d ecode=%d end=%s mdr=%s" % (term + (end, flags))
+        return "got terminate layer=%d etype=%d ecode=%d end=%s mdr=%s%s" % (term + (end, flags, tail))
     if end != "open":
-        return "got %s%s" % (end, " after %d fpdus" % others if others else "")
-    return "got nothing%s" % (" after %d fpdus" % others if others else "")
+        return "got %s%s%s" % (end, " after %d fpdus" % others if others else "", tail)
+    return "got nothing%s%s" % (" after %d fpdus" % others if others else "", tail)
 
 
-def established(ip, port, case, rcvbuf=None):
+def established(ip, port, case, rcvbuf=None, flags=0, want_flags=0):
+    """An RDMA-mode connection for `case` (MPA request with `flags`); the reply must carry `want_flags`."""
     s = connect(ip, port, rcvbuf)
-    s.sendall(mpa_request(case))
-    what, pd = mpa_answer(s)
+    s.sendall(mpa_request(case, flags=flags))
+    what, pd, got = mpa_answer(s)
     if what != "mpa-reply":
         raise RuntimeError("%s: no MPA reply (%s)" % (case, what))
+    if got & want_flags != want_flags:
+        raise RuntimeError("%s: MPA reply flags %#x lack %#x" % (case, got, want_flags))
     addr, stag, length = struct.unpack("<QII", pd[:16])  # the server's RemoteRegion (host order, x86)
     return s, addr, stag, length
 
@@ -162,7 +215,7 @@ def mpa_case(ip, port, case, data, half_close=False, wait=ANSWER_WAIT):
     s.sendall(data)
     if half_close:
         s.shutdown(socket.SHUT_WR)
-    what, _ = mpa_answer(s, wait)
+    what = mpa_answer(s, wait)[0]
     s.close()
     return "got " + what
 
@@ -183,15 +236,20 @@ def run(ip, port, case):
     if case == "pd-512":  # the largest private data RFC 5044 allows: accepted, then a plain close
         s = connect(ip, port)
         s.sendall(mpa_request(case, extra=b"\0" * (512 - 4 - 8 - len(case))))
-        what, _ = mpa_answer(s)
+        what = mpa_answer(s)[0]
         s.close()
         return "got " + what
     if case == "quit":
         return mpa_case(ip, port, case, mpa_request(case))
 
     rcvbuf = 4096 if case == "zero-window" else None
-    s, addr, stag, length = established(ip, port, case, rcvbuf)
+    crc = case.startswith("crc-")
+    flags = 0x40 if crc else 0  # C: CRC, which the server follows
+    want = 0x40 if crc else 0x80 if case.startswith("markers-") else 0  # M: the server wants Markers
+    # markers-* cases go to the server's second listener (PORT + 2), which asks for Markers
+    s, addr, stag, length = established(ip, port + 2 if want == 0x80 else port, case, rcvbuf, flags, want)
     wait = ANSWER_WAIT
+    hello = fpdu(untagged(SEND, 0, 1, 0, b"hello"))
     if case == "short-ulpdu":  # ULPDU length 6: less than the 18-byte untagged header
         s.sendall(struct.pack(">H", 6) + untagged(SEND, 0, 1)[:6] + b"\0\0\0\0")
     elif case == "ulpdu-1":  # ULPDU length 1: not even the DDP control word
@@ -276,13 +334,60 @@ def run(ip, port, case):
         s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         s.close()
         return "got nothing (closed with unread data)"
+    # CRC negotiated (RFC 5044 section 4.4): a good one is taken; a bad or missing one ends the stream.
+    elif case == "crc-good":
+        s.sendall(fpdu(untagged(SEND, 0, 1, 0, b"hello"), crc=True))
+        time.sleep(0.2)
+        s.shutdown(socket.SHUT_WR)
+    elif case == "crc-bad":  # one bit of the CRC flipped
+        s.sendall(fpdu(untagged(SEND, 0, 1, 0, b"hello"), crc=True, crc_xor=1))
+    elif case == "crc-zero":  # CRC agreed, the field sent as zero (as if not)
+        s.sendall(hello)
+    # Markers on what the server receives (RFC 5044 section 5): right ones are taken, a wrong one ends it.
+    elif case == "markers-good":  # a small SEND, then one of 1000 bytes spanning the Markers at 512 and 1024
+        s.sendall(with_markers([hello, fpdu(untagged(SEND, 0, 2, 0, b"m" * 1000))]))
+        time.sleep(0.2)
+        s.shutdown(socket.SHUT_WR)
+    elif case == "markers-bad-pointer":  # the first Marker points 256 bytes away from its FPDU
+        s.sendall(with_markers([hello], pointer_xor={0: 0x100}))
+    elif case == "markers-second-bad":  # a good SEND, then the Marker at 512 is 4 bytes off
+        s.sendall(with_markers([hello, fpdu(untagged(SEND, 0, 2, 0, b"m" * 1000))], pointer_xor={1: 4}))
+    elif case == "markers-missing":  # Markers agreed, none sent
+        s.sendall(hello)
+    # RFC 7306 agreed on the connection: Atomic Requests and Immediate Data, right and wrong.
+    elif case == "rfc7306-atomic-good":  # two Fetch-and-Adds of 5 on the (zeroed) word at region + 8
+        s.sendall(fpdu(atomic_request(1, 1, stag, addr + 8, add=5)) + fpdu(atomic_request(2, 2, stag, addr + 8, add=5)))
+        time.sleep(0.3)
+        s.shutdown(socket.SHUT_WR)
+    elif case == "rfc7306-atomic-unaligned":
+        s.sendall(fpdu(atomic_request(1, 1, stag, addr + 4, add=1)))
+    elif case == "rfc7306-atomic-bad-op":  # Atomic Operation 7: not defined
+        s.sendall(fpdu(atomic_request(1, 1, stag, addr, op=7)))
+    elif case == "rfc7306-atomic-bogus-stag":
+        s.sendall(fpdu(atomic_request(1, 1, stag ^ 0x5a5a5a00, addr, add=1)))
+    elif case == "rfc7306-atomic-past-region":  # the first aligned word after the region
+        s.sendall(fpdu(atomic_request(1, 1, stag, addr + length, add=1)))
+    elif case == "rfc7306-atomic-beyond-ird":  # IRD 2 agreed: four Atomic Requests in one segment
+        s.sendall(b"".join(fpdu(atomic_request(1 + i, 1 + i, stag, addr + 16, add=1)) for i in range(4)))
+    elif case == "rfc7306-atomic-short":  # an Atomic Request cut after its Remote STag
+        s.sendall(fpdu(atomic_request(1, 1, stag, addr, add=1)[:30]))
+    elif case == "rfc7306-atomic-response-unasked":
+        s.sendall(fpdu(untagged(ATOMIC_RESP, 3, 1, 0, struct.pack(">IQ", 1, 0))))
+    elif case == "rfc7306-imm-good":  # Immediate Data alone: takes a receive
+        s.sendall(fpdu(untagged(IMM, 0, 1, 0, struct.pack(">Q", 42))))
+        time.sleep(0.2)
+        s.shutdown(socket.SHUT_WR)
+    elif case == "rfc7306-imm-short":  # Immediate Data with 4 bytes instead of 8
+        s.sendall(fpdu(untagged(IMM, 0, 1, 0, b"1234")))
+    elif case == "rfc7306-imm-flood":  # six Immediate Data messages into four receives
+        s.sendall(b"".join(fpdu(untagged(IMM, 0, 1 + i, 0, struct.pack(">Q", i))) for i in range(6)))
     elif case == "good-send":  # control: a well-formed SEND, then an orderly close
         s.sendall(fpdu(untagged(SEND, 0, 1, 0, b"hello")))
         time.sleep(0.2)
         s.shutdown(socket.SHUT_WR)
     else:
         raise RuntimeError("unknown case " + case)
-    out = fpdu_answer(s, wait)
+    out = fpdu_answer(s, wait, crc)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     s.close()
     return out
@@ -364,7 +469,11 @@ ALL = ["bad-key", "bad-revision", "pd-too-long", "pd-beyond-sent", "truncated-re
        "send-too-long", "write-bogus-stag", "write-past-region", "write-to-wrap", "read-beyond-ird",
        "read-src-wrap", "read-huge", "dribble", "zero-write-flood", "silent", "send-inv-mr", "atomic-unnegotiated", "imm-unnegotiated", "write-stag-switch",
        "read-response-unasked", "terminate-long", "terminate-first", "terminate-after-send", "terminate-short",
-       "send-flood", "zero-window", "good-send"]
+       "send-flood", "zero-window", "crc-good", "crc-bad", "crc-zero", "markers-good", "markers-bad-pointer",
+       "markers-second-bad", "markers-missing", "rfc7306-atomic-good", "rfc7306-atomic-unaligned",
+       "rfc7306-atomic-bad-op", "rfc7306-atomic-bogus-stag", "rfc7306-atomic-past-region",
+       "rfc7306-atomic-beyond-ird", "rfc7306-atomic-short", "rfc7306-atomic-response-unasked", "rfc7306-imm-good",
+       "rfc7306-imm-short", "rfc7306-imm-flood", "good-send"]
 
 
 def main():

@@ -28,7 +28,7 @@ namespace {
 constexpr std::uint32_t kRecvs = 4;          // receives posted per connection
 constexpr std::size_t kRecvLen = 2048;      // each; a 2018-byte ULPDU (over MULPDU) fits one
 constexpr std::size_t kRegion = 64 * 1024;  // READ source; the MR (told to every connection) adds the receives
-constexpr unsigned kMaxConns = 64;
+constexpr unsigned kMaxConns = 96;
 
 struct Conn {
     std::string name;
@@ -83,6 +83,11 @@ int hostile_server(const PeerConfig& cfg) {
         std::vector<std::byte> buf(kRegion + kMaxConns * kRecvs * kRecvLen);
         auto mr = pd->reg_mr(buf, kAll);
         auto listener = ctx->listen(cfg.tcp_port);
+        // The script's markers-* cases connect here: Markers on what we receive (our M bit; a listener's choice,
+        // made before the request reaches the application).
+        verbs::ConnParam with_markers;
+        with_markers.markers_rx = true;
+        auto markers_listener = ctx->listen(static_cast<std::uint16_t>(cfg.tcp_port + 2), with_markers);
         std::vector<Conn> conns;
         conns.reserve(kMaxConns);
         bool quit = false;
@@ -141,6 +146,7 @@ int hostile_server(const PeerConfig& cfg) {
                 Conn& c = add_conn(name);
                 const RemoteRegion me{mr->addr(), mr->rkey(), static_cast<std::uint32_t>(mr->length())};
                 verbs::ConnParam cp{.private_data = as_bytes(me), .responder_resources = 2, .initiator_depth = 2};
+                cp.rfc7306 = name.rfind("rfc7306-", 0) == 0;  // the script's RFC 7306 cases need it agreed
                 if (!ev->request->accept(*c.qp, cp)) throw std::runtime_error("accept");
                 c.id = std::move(ev->request);
                 continue;
@@ -274,6 +280,34 @@ const std::map<std::string, Expect>& expectations() {
         {"zero-write-flood", {"got close", "no-terminate qp=ERR recv_ok=1 flushed=3"}},
         {"silent", {"got nothing", "no-terminate qp=ERR recv_ok=0 flushed=4"}},
         {"good-send", {"got close", "no-terminate qp=ERR recv_ok=1 flushed=3"}},
+        // CRC agreed (the script asks; the server follows): a bad or zero CRC is an MPA CRC error (RFC 5044
+        // section 8 code 0x02), and the TERMINATE we send carries a CRC the script's own CRC32c accepts.
+        {"crc-good", {"got close crc=ok", "no-terminate qp=ERR recv_ok=1 flushed=3"}},
+        {"crc-bad", {term(2, 0, 2) + " crc=ok", sent(2, 0, 2)}},
+        {"crc-zero", {term(2, 0, 2) + " crc=ok", sent(2, 0, 2)}},
+        // Markers on what the server receives: a Marker whose FPDU pointer is wrong, or missing, is code 0x03.
+        {"markers-good", {"got close", "no-terminate qp=ERR recv_ok=2 flushed=2"}},
+        {"markers-bad-pointer", {term(2, 0, 3), sent(2, 0, 3)}},
+        {"markers-second-bad", {term(2, 0, 3), sent(2, 0, 3, "", "recv_ok=1 flushed=3")}},
+        {"markers-missing", {term(2, 0, 3), sent(2, 0, 3)}},
+        // RFC 7306 agreed: atomics execute (two Fetch-and-Adds answer 0 then 5); a misaligned or out-of-region
+        // target reads "invalid STag" on the wire (opaque access errors) with the real cause kept; an undefined
+        // atomic operation or an unasked Atomic Response is an unexpected opcode; more requests than IRD is a
+        // catastrophic stream error, as for READs; ULPDUs shorter than their headers are refused at MPA, as
+        // short-ulpdu; Immediate Data completes as a receive with immediate data and takes a receive each.
+        {"rfc7306-atomic-good", {"got close after 2 fpdus atomic=0,5", "no-terminate qp=ERR recv_ok=0 flushed=4"}},
+        {"rfc7306-atomic-unaligned", {term(0, 1, 0), sent(0, 1, 0, code(0, 1, 1))}},
+        {"rfc7306-atomic-bad-op", {term(0, 2, 6), sent(0, 2, 6)}},
+        {"rfc7306-atomic-bogus-stag", {term(0, 1, 0), sent(0, 1, 0)}},
+        {"rfc7306-atomic-past-region", {term(0, 1, 0), sent(0, 1, 0, code(0, 1, 1))}},
+        {"rfc7306-atomic-beyond-ird", {term(0, 2, 7), sent(0, 2, 7)}},
+        {"rfc7306-atomic-short", {term(2, 0, 3), sent(2, 0, 3)}},
+        {"rfc7306-atomic-response-unasked", {term(0, 2, 6), sent(0, 2, 6)}},
+        {"rfc7306-imm-good", {"got close", "no-terminate qp=ERR recv_ok=0 flushed=3 wc=recv_rdma_with_imm:success"}},
+        {"rfc7306-imm-short", {term(2, 0, 3), sent(2, 0, 3)}},
+        {"rfc7306-imm-flood", {term(1, 2, 2), sent(1, 2, 2, "", "recv_ok=0 flushed=0 wc=recv_rdma_with_imm:success,"
+                                                             "recv_rdma_with_imm:success,recv_rdma_with_imm:success,"
+                                                             "recv_rdma_with_imm:success")}},
         // softrdma initiating, bad MPA replies: after the reply the initiator owns the stream, so an invalid
         // frame draws a TERMINATE (RFC 5044 section 8 code 0x04; RFC 6581 section 9 0x06 for insufficient IRD).
         {"reply-bad-key", {term(2, 0, 4), sent(2, 0, 4) + " ended=yes async=QP fatal error cm=error"}},
