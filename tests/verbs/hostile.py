@@ -381,6 +381,19 @@ def run(ip, port, case):
         s.sendall(fpdu(untagged(IMM, 0, 1, 0, b"1234")))
     elif case == "rfc7306-imm-flood":  # six Immediate Data messages into four receives
         s.sendall(b"".join(fpdu(untagged(IMM, 0, 1 + i, 0, struct.pack(">Q", i))) for i in range(6)))
+    # The server's receives in a shared receive queue (four, its own): the same rules as a QP's own receives.
+    elif case == "srq-good":
+        s.sendall(hello)
+        time.sleep(0.2)
+        s.shutdown(socket.SHUT_WR)
+    elif case == "srq-flood":  # six SENDs into the SRQ's four receives
+        s.sendall(b"".join(fpdu(untagged(SEND, 0, 1 + i, 0, b"f" * 32)) for i in range(6)))
+    elif case == "srq-send-too-long":  # 1100 + 1100 bytes into a 2048-byte receive
+        s.sendall(fpdu(untagged(SEND, 0, 1, 0, b"x" * 1100, last=False)) + fpdu(untagged(SEND, 0, 1, 1100, b"x" * 1100)))
+    elif case == "srq-msn-out-of-window":
+        s.sendall(fpdu(untagged(SEND, 0, 1000, 0, b"x" * 8)))
+    elif case == "srq-mo-past-buffer":
+        s.sendall(fpdu(untagged(SEND, 0, 1, 1 << 20, b"x" * 8)))
     elif case == "good-send":  # control: a well-formed SEND, then an orderly close
         s.sendall(fpdu(untagged(SEND, 0, 1, 0, b"hello")))
         time.sleep(0.2)
@@ -473,7 +486,8 @@ ALL = ["bad-key", "bad-revision", "pd-too-long", "pd-beyond-sent", "truncated-re
        "markers-second-bad", "markers-missing", "rfc7306-atomic-good", "rfc7306-atomic-unaligned",
        "rfc7306-atomic-bad-op", "rfc7306-atomic-bogus-stag", "rfc7306-atomic-past-region",
        "rfc7306-atomic-beyond-ird", "rfc7306-atomic-short", "rfc7306-atomic-response-unasked", "rfc7306-imm-good",
-       "rfc7306-imm-short", "rfc7306-imm-flood", "good-send"]
+       "rfc7306-imm-short", "rfc7306-imm-flood", "srq-good", "srq-flood", "srq-send-too-long",
+       "srq-msn-out-of-window", "srq-mo-past-buffer", "good-send"]
 
 
 def main():

@@ -3,7 +3,8 @@
 // pair between two namespaces, and in the other namespace the kernel's TCP driven by tests/verbs/hostile.py,
 // which plays one misbehaviour per connection: malformed MPA requests, FPDUs with bad lengths, versions,
 // opcodes, queue numbers, MSNs and offsets, WRITEs to bogus STags or wrapping past 2^64, more READs than IRD,
-// READ responses nobody asked for, TERMINATEs at odd moments, floods into a window that never opens. The
+// READ responses nobody asked for, TERMINATEs at odd moments, floods into a window that never opens, bad CRCs
+// and Markers, RFC 7306 atomics and Immediate Data gone wrong, receives from an SRQ. The
 // script says what came back on the wire (an MPA reject, a TERMINATE's layer/etype/ecode, FIN or RST); the
 // server says what its QP saw (TERMINATE sent or received and its cause, QP state, receives flushed). Each
 // must match the table below; the server must serve every case and end with its pools at their start.
@@ -32,6 +33,7 @@ constexpr unsigned kMaxConns = 96;
 
 struct Conn {
     std::string name;
+    std::unique_ptr<verbs::SharedReceiveQueue> srq;  // srq-* cases: the connection's receives are an SRQ's
     std::unique_ptr<verbs::CmId> id;
     std::unique_ptr<verbs::QueuePair> qp;
     bool ended = false;
@@ -107,16 +109,21 @@ int hostile_server(const PeerConfig& cfg) {
                 for (auto& c : conns)
                     if (c.qp && c.qp->qp_num() == ev->qp_num) c.async = verbs::to_string(ev->type);
         };
-        // A connection for case `name`: its QP with every receive posted (wr_id: connection << 8 | slot).
+        // A connection for case `name`: its QP with every receive posted (wr_id: connection << 8 | slot); for
+        // the srq-* cases the same receives posted to an SRQ of its own that the QP takes them from (one SRQ
+        // per case, so each sees exactly kRecvs; an SRQ's receives outlive a QP's error, so none is flushed).
         auto add_conn = [&](const std::string& name) -> Conn& {
             const std::size_t q = conns.size();
             Conn& c = conns.emplace_back();
             c.name = name;
-            c.qp = pd->create_qp({.send_cq = cq.get(), .recv_cq = cq.get(), .cap = {.max_send_wr = 16, .max_recv_wr = kRecvs}});
+            if (name.rfind("srq-", 0) == 0) c.srq = pd->create_srq({.max_wr = kRecvs});
+            c.qp = pd->create_qp({.send_cq = cq.get(), .recv_cq = cq.get(), .cap = {.max_send_wr = 16, .max_recv_wr = kRecvs},
+                                  .srq = c.srq.get()});
             for (std::uint32_t slot = 0; slot < kRecvs; ++slot) {
                 const verbs::Sge r = mr->sge(kRegion + kRecvLen * (q * kRecvs + slot), kRecvLen);
                 const verbs::RecvWr rw{.wr_id = q << 8 | slot, .sg_list = {&r, 1}};
-                if (!c.qp->post_recv({&rw, 1}).ok()) throw std::runtime_error("post_recv refused");
+                if (!(c.srq ? c.srq->post_recv({&rw, 1}).ok() : c.qp->post_recv({&rw, 1}).ok()))
+                    throw std::runtime_error("post_recv refused");
             }
             return c;
         };
@@ -280,6 +287,13 @@ const std::map<std::string, Expect>& expectations() {
         {"zero-write-flood", {"got close", "no-terminate qp=ERR recv_ok=1 flushed=3"}},
         {"silent", {"got nothing", "no-terminate qp=ERR recv_ok=0 flushed=4"}},
         {"good-send", {"got close", "no-terminate qp=ERR recv_ok=1 flushed=3"}},
+        // Receives from an SRQ (four of its own): the same answers as a QP's own receives; the SRQ's receives
+        // stay with the SRQ when the QP fails (nothing flushed) except the one a cut-short message had taken.
+        {"srq-good", {"got close", "no-terminate qp=ERR recv_ok=1 flushed=0"}},
+        {"srq-flood", {term(1, 2, 2), sent(1, 2, 2, "", "recv_ok=4 flushed=0")}},
+        {"srq-send-too-long", {term(1, 2, 5), sent(1, 2, 5, "", "recv_ok=0 flushed=1")}},
+        {"srq-msn-out-of-window", {term(1, 2, 3), sent(1, 2, 3, "", "recv_ok=0 flushed=0")}},
+        {"srq-mo-past-buffer", {term(1, 2, 4), sent(1, 2, 4, "", "recv_ok=0 flushed=0")}},
         // CRC agreed (the script asks; the server follows): a bad or zero CRC is an MPA CRC error (RFC 5044
         // section 8 code 0x02), and the TERMINATE we send carries a CRC the script's own CRC32c accepts.
         {"crc-good", {"got close crc=ok", "no-terminate qp=ERR recv_ok=1 flushed=3"}},
