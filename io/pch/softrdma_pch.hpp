@@ -1,6 +1,7 @@
 // Precompiled for every C++ source of libsoftrdma (meson cpp_pch): third-party and standard headers only, so
-// no layer sees another through it. Parsing DPDK's, Boost.Lockfree's and the standard library's headers was
-// about half of each source's compile time.
+// no layer sees another of ours through it. Parsing DPDK's, Boost.Lockfree's and the standard library's headers
+// was about half of each source's compile time. It lives in io/, the lowest folder the layer picture lets
+// include DPDK (tests/layout/check_layers.py); the protocol layers are in softrdma_proto, built without it.
 #include <algorithm>
 #include <array>
 #include <atomic>
