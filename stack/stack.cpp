@@ -135,28 +135,32 @@ signed char Stack::netif_init(netif* nif) {
 }
 
 // lwIP -> wire. Ownership: lwIP keeps `p` (it may retransmit from it); the frame is copied into a fresh mbuf
-// (the TX copy), which the Stack owns in tx_batch_ until tx_burst hands it to the driver.
+// (the TX copy), which the Stack owns in tx_queue_ until tx_burst hands it to the driver.
+// Back-pressure, not loss: with no mbuf, or the TX queue still full after a flush (the peer drains its ring
+// slower than we fill it: a 1024-connection burst), return ERR_MEM. lwIP's tcp_output then keeps the segment
+// at the head of pcb->unsent (TF_NAGLEMEMERR; tcp_fasttmr or our next flush sends it again), and an ACK keeps
+// TF_ACK_NOW, so nothing is lost. Dropping it instead (ERR_OK) would leave a hole only a retransmission timeout
+// fills, with the timeout doubling on every repeat until the connection's user timeout kills it.
 signed char Stack::link_output(netif* nif, pbuf* p) {
     auto* self = static_cast<Stack*>(nif->state);
     if (p->tot_len > self->port_.mbuf_data_room()) {
         ++self->counters_.tx_dropped;
         return ERR_IF;
     }
+    if (self->tx_tail_ == kTxQueue) self->flush_tx_inner();
+    if (self->tx_tail_ == kTxQueue) {  // the ring stayed full for a whole queue: lwIP keeps the frame
+        ++self->counters_.tx_deferred;
+        return ERR_MEM;
+    }
     rte_mbuf* m = self->port_.alloc();
     wire_acquire(self->port_.pool());  // the mbuf may have been the RX thread's (see base/tsan.hpp)
     if (m == nullptr) {
-        ++self->counters_.tx_dropped;
+        ++self->counters_.tx_deferred;
         return ERR_MEM;
     }
     pbuf_copy_partial(p, rte_pktmbuf_mtod(m, void*), p->tot_len, 0);
     m->data_len = p->tot_len;
     m->pkt_len = p->tot_len;
-    if (self->tx_tail_ == kTxQueue) self->flush_tx_inner();
-    if (self->tx_tail_ == kTxQueue) {  // the ring stayed full for a whole queue: drop, TCP sends it again
-        rte_pktmbuf_free(m);
-        ++self->counters_.tx_dropped;
-        return ERR_OK;
-    }
     self->tx_queue_[self->tx_tail_++] = m;
     ++self->counters_.tx_frames;
     return ERR_OK;

@@ -735,11 +735,12 @@ private:
             const auto& sc = ctx_->impl().stack().counters();
             const rte_eth_stats ds = ctx_->impl().port().device_stats();
             std::fprintf(stderr, "# %s: port rx %llu tx %llu tx_refused %llu imissed %llu | stack rx_dropped %llu "
-                                 "tx_dropped %llu | %s\n",
+                                 "tx_dropped %llu tx_deferred %llu | %s\n",
                          server_ ? "server" : "client", static_cast<unsigned long long>(pc.rx_packets),
                          static_cast<unsigned long long>(pc.tx_packets), static_cast<unsigned long long>(pc.tx_refused),
                          static_cast<unsigned long long>(ds.imissed), static_cast<unsigned long long>(sc.rx_dropped),
-                         static_cast<unsigned long long>(sc.tx_dropped), ctx_->impl().stack().protocol_counters().c_str());
+                         static_cast<unsigned long long>(sc.tx_dropped),
+                         static_cast<unsigned long long>(sc.tx_deferred), ctx_->impl().stack().protocol_counters().c_str());
         }
         if (cq_ && cq_->overruns() != 0) {
             std::fprintf(stderr, "rdma_perf: CQ overruns %llu\n", static_cast<unsigned long long>(cq_->overruns()));

@@ -28,7 +28,9 @@ struct StackCounters {
     std::uint64_t rx_frames = 0;
     std::uint64_t rx_dropped = 0;   // no RX buffer free, or the stack refused the frame
     std::uint64_t tx_frames = 0;
-    std::uint64_t tx_dropped = 0;   // no mbuf, frame too large, or TX ring stayed full
+    std::uint64_t tx_dropped = 0;   // lost: frame too large, or the link went down with frames queued
+    std::uint64_t tx_deferred = 0;  // handed back to lwIP (no mbuf, or the TX queue stayed full): TCP keeps the
+                                    // segment or ACK and sends it again on its next output (lost only if not TCP)
 };
 
 // The dedicated RX thread (ThreadingMode::rx_thread).

@@ -77,6 +77,27 @@ TEST_CASE("100 concurrent connections each move 1 MiB", "[stack][memif]") {
     CHECK(field(out[0].report, "rx_bytes") == std::to_string(100 * bytes));
 }
 
+TEST_CASE("a receiver that stops polling for 300 ms: the sender's full TX queue holds segments back in lwIP, "
+          "drops none, and all 32 streams complete", "[stack][memif]") {
+    // 32 connections x 256 KiB send buffer (lwIP's TCP_SND_BUF) in flight: ~5700 frames, more than the memif
+    // ring and the stack's 1024-frame TX queue hold, so link_output is refused while the receiver sleeps. The
+    // refused frames must stay with lwIP (tx_deferred), not be lost (tx_dropped): a lost frame costs its
+    // connection a retransmission timeout, doubling on every repeat (the 1024-QP test's stuck QPs under ASan).
+    auto [server, client] = memif_pair();
+    constexpr std::uint64_t bytes = 2ull << 20;
+    constexpr unsigned kConns = 32;
+    const auto out = run_roles({{"server", [&] { return stream_server(server, bytes, kConns, 300ms); }},
+                                {"client", [&] { return stream_client(client, bytes, kConns); }, 200ms}},
+                               120s);
+    check_outcomes(out);
+    INFO(out[0].report << "\n" << out[1].report);
+    CHECK(out[0].report.find("stalled 300 ms") != std::string::npos);
+    CHECK(field(out[0].report, "rx_bytes") == std::to_string(kConns * bytes));
+    CHECK(field(out[1].report, "tx_dropped") == "0");
+    CHECK(field(out[1].report, "tx_deferred") != "0");
+    CHECK(field(out[1].report, "tx_deferred") != "?");
+}
+
 TEST_CASE("256 MiB TCP stream over af_packet on a veth pair between two namespaces", "[stack][af_packet]") {
     std::string why;
     if (!VethPair::can_create(why)) {

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <memory>
 #include <optional>
+#include <thread>
 #include <vector>
 
 #include "stack/tcp.hpp"
@@ -181,7 +182,8 @@ int finish_checks(stack::Stack& stack, io::Port& port, const stack::PoolUsage& b
     }
     const auto& c = stack.counters();
     report("stack rx_frames=" + std::to_string(c.rx_frames) + " rx_dropped=" + std::to_string(c.rx_dropped) +
-           " tx_frames=" + std::to_string(c.tx_frames) + " tx_dropped=" + std::to_string(c.tx_dropped));
+           " tx_frames=" + std::to_string(c.tx_frames) + " tx_dropped=" + std::to_string(c.tx_dropped) +
+           " tx_deferred=" + std::to_string(c.tx_deferred));
     report(stack.protocol_counters());
     const auto d = port.device_stats();
     report("port tx_refused=" + std::to_string(port.counters().tx_refused) + " imissed=" +
@@ -204,7 +206,7 @@ std::pair<PeerConfig, PeerConfig> memif_pair(std::uint16_t mtu) {
     return {s, c};
 }
 
-int stream_server(const PeerConfig& cfg, std::uint64_t bytes, unsigned connections) {
+int stream_server(const PeerConfig& cfg, std::uint64_t bytes, unsigned connections, std::chrono::milliseconds stall) {
     Env env = start(cfg);
     int rc = 0;
     {
@@ -212,8 +214,18 @@ int stream_server(const PeerConfig& cfg, std::uint64_t bytes, unsigned connectio
         acceptor.expected = bytes;
         stack::TcpListener listener(*env.stack, cfg.tcp_port, acceptor);
         std::optional<std::chrono::steady_clock::time_point> first;
+        bool stalled = stall.count() == 0;
         auto all_done = [&] {
             if (!first && !acceptor.sinks.empty()) first = std::chrono::steady_clock::now();
+            if (!stalled) {
+                std::uint64_t got = 0;
+                for (auto& s : acceptor.sinks) got += s->received;
+                if (got >= bytes * connections / 4) {
+                    std::this_thread::sleep_for(stall);
+                    stalled = true;
+                    report("stalled " + std::to_string(stall.count()) + " ms after " + std::to_string(got) + " bytes");
+                }
+            }
             if (acceptor.sinks.size() < connections) return false;
             for (auto& s : acceptor.sinks)
                 if (!s->closed && s->error.empty()) return false;

@@ -3,6 +3,7 @@
 // does its part, then checks that lwIP's pools and DPDK's mempool are back to their starting counts.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <string>
 
@@ -34,7 +35,10 @@ int finish_checks(stack::Stack& stack, io::Port& port, const stack::PoolUsage& b
 // Moves this process into the network namespace `name` ("" = stay): before opening a port in it.
 void enter_netns(const std::string& name);
 
-int stream_server(const PeerConfig& cfg, std::uint64_t bytes, unsigned connections);
+// `stall`: once a quarter of all bytes arrived, stop polling for that long (a receiver that falls behind: the
+// sender's rings and TX queue fill up).
+int stream_server(const PeerConfig& cfg, std::uint64_t bytes, unsigned connections,
+                  std::chrono::milliseconds stall = std::chrono::milliseconds(0));
 // Opens `connections` connections to cfg.peer:cfg.tcp_port, sends the streams, closes.
 int stream_client(const PeerConfig& cfg, std::uint64_t bytes, unsigned connections);
 // Receives one stream with keepalive on (1 s idle, 0.5 s interval, 3 probes); succeeds if the connection

@@ -308,7 +308,8 @@ TEST_CASE("a port with a small mbuf pool at both ends: 64 MiB of WRITE, READ and
         const auto st = verbs::diagnostics::stack(*p.ctx);
         report("client: " + std::to_string(kRounds * 2 * kRegion >> 20) + " MiB of WRITE/READ + SENDs in " +
                std::to_string(secs) + " s with 255 mbufs; tx refused " + std::to_string(port.tx_refused) +
-               ", stack tx dropped " + std::to_string(st.tx_dropped) + ", rx dropped " + std::to_string(st.rx_dropped));
+               ", stack tx dropped " + std::to_string(st.tx_dropped) + ", deferred " +
+               std::to_string(st.tx_deferred) + ", rx dropped " + std::to_string(st.rx_dropped));
         return p.end(0);
     };
     auto out = run_pair(server, client);
