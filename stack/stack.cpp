@@ -202,6 +202,20 @@ void Stack::flush_tx_inner() noexcept {
     }
 }
 
+// lwIP's fast timer resends a refused ACK (TF_ACK_NOW still set) for active pcbs only. A pcb that entered
+// TIME_WAIT while link_output refused its ACK of the peer's FIN (ERR_MEM: the TX queue full) would leave the
+// peer in LAST_ACK resending its FIN on a backed-off timer, and, if we purge TIME_WAIT or go away first, with a
+// connection that never ends. Resend those ACKs here, once a millisecond, only after a refusal.
+void Stack::retry_time_wait_acks() noexcept {
+    bool owed = false;
+    for (tcp_pcb* p = tcp_tw_pcbs; p != nullptr; p = p->next) {
+        if ((p->flags & TF_ACK_NOW) == 0) continue;
+        tcp_output(p);
+        owed = owed || (p->flags & TF_ACK_NOW) != 0;
+    }
+    if (!owed) tw_deferred_seen_ = counters_.tx_deferred;
+}
+
 void Stack::drop_tx_queue() noexcept {
     for (unsigned i = tx_head_; i < tx_tail_; ++i) rte_pktmbuf_free(tx_queue_[i]);  // still ours: never sent
     counters_.tx_dropped += tx_tail_ - tx_head_;
@@ -316,6 +330,7 @@ unsigned Stack::poll() noexcept {
     if (const std::uint64_t tsc = rte_get_timer_cycles(); tsc >= next_timer_tsc_) {
         next_timer_tsc_ = tsc + tsc_per_ms_;
         sys_check_timeouts();
+        if (counters_.tx_deferred != tw_deferred_seen_) retry_time_wait_acks();
     }
     flush_tx_inner();
     if (cfg_.count_cycles) cycles_.total += cycles_now() - t_start;
@@ -359,6 +374,12 @@ void Stack::purge_time_wait() noexcept {
 unsigned Stack::active_pcbs() const noexcept {
     unsigned n = 0;
     for (tcp_pcb* p = tcp_active_pcbs; p != nullptr; p = p->next) ++n;
+    return n;
+}
+
+unsigned Stack::time_wait_pcbs() const noexcept {
+    unsigned n = 0;
+    for (tcp_pcb* p = tcp_tw_pcbs; p != nullptr; p = p->next) ++n;
     return n;
 }
 

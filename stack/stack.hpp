@@ -98,6 +98,8 @@ public:
     void purge_time_wait() noexcept;
     // Number of lwIP TCP pcbs that are active (neither listening nor in TIME_WAIT).
     unsigned active_pcbs() const noexcept;
+    // Number in TIME_WAIT (still answering a peer's retransmitted FIN).
+    unsigned time_wait_pcbs() const noexcept;
     // Bytes the active connections have queued (written, not yet acknowledged by their peers), summed: what a
     // closing Context watches to tell a slow but progressing close from a stuck one.
     std::uint64_t queued_bytes() const noexcept;
@@ -130,6 +132,7 @@ private:
     void input(rte_mbuf* m) noexcept;
     void deliver(pbuf* p) noexcept;
     void drop_tx_queue() noexcept;
+    void retry_time_wait_acks() noexcept;
 
     io::Port& port_;
     StackConfig cfg_;
@@ -146,6 +149,7 @@ private:
     rte_mbuf* tx_queue_[kTxQueue] = {};
     unsigned tx_head_ = 0;  // next frame to hand to the driver
     unsigned tx_tail_ = 0;  // one past the last queued frame (tx_head_ <= tx_tail_ <= kTxQueue)
+    std::uint64_t tw_deferred_seen_ = 0;  // counters_.tx_deferred when no TIME_WAIT pcb still owed an ACK
     StackCounters counters_;
     StackCycles cycles_;
     void flush_tx_inner() noexcept;

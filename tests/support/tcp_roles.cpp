@@ -170,6 +170,10 @@ int finish_checks(stack::Stack& stack, io::Port& port, const stack::PoolUsage& b
     stack.run_until([&] { return stack.active_pcbs() == 0; }, 10s);
     // A little longer: the last ACK of the peer's close must go out.
     stack.run_until([] { return false; }, 20ms);
+    // With fault injection that ACK may be lost, and the peer, in LAST_ACK, resends its FIN until answered: stay
+    // in TIME_WAIT, answering, until the peer has finished too (its port gone: link down), at most 3 s. Purging
+    // at once left the peer's pcb retransmitting to nobody past its own 10 s wait (faults case, ASan, RX thread).
+    if (port.faults_on() && stack.time_wait_pcbs() != 0) stack.run_until([&] { return !port.link_up(); }, 3s);
     stack.purge_time_wait();
     // lwIP's TCP timer stops re-arming itself one tick after the last pcb is gone.
     stack.run_until([] { return false; }, 30ms);
