@@ -172,7 +172,7 @@ TEST_CASE("pcapng in either byte order", "[wire][pcap]") {
 
 TEST_CASE("a truncated capture is reported", "[wire][pcap]") {
     auto image = sample_session().image();
-    image.resize(image.size() - 5);
+    image.erase(image.end() - 5, image.end());  // (not resize(size() - 5): g++ 12 -O1 with ASan sees a memset of ~2^64)
     CHECK_THROWS_AS(parse_capture(image), std::runtime_error);
 }
 
