@@ -30,11 +30,11 @@ std::pair<PeerConfig, PeerConfig> memif_pair(std::uint16_t mtu = 1500);
 // pools differ.
 int finish_checks(stack::Stack& stack, io::Port& port, const stack::PoolUsage& baseline, int rc);
 
-// Listens on cfg.tcp_port, accepts `connections` streams of `bytes` each (after an 8-byte seed header),
-// verifies every byte, closes each after the peer's FIN. Reports "rx_bytes=N seconds=S MBps=M".
 // Moves this process into the network namespace `name` ("" = stay): before opening a port in it.
 void enter_netns(const std::string& name);
 
+// Listens on cfg.tcp_port, accepts `connections` streams of `bytes` each (after an 8-byte seed header),
+// verifies every byte, closes each after the peer's FIN. Reports "rx_bytes=N seconds=S MBps=M".
 // `stall`: once a quarter of all bytes arrived, stop polling for that long (a receiver that falls behind: the
 // sender's rings and TX queue fill up).
 int stream_server(const PeerConfig& cfg, std::uint64_t bytes, unsigned connections,
