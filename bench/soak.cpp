@@ -32,6 +32,8 @@
 //   - no completion at all for --stall seconds (default 10) on either side (a stall);
 //   - resident memory (/proc/self/statm) above its value at the end of warm-up by more than
 //     kRssSlackKiB + 1 % (warm-up: the first 10 % of the run, at least 5 s, at most 60 s); checked every second;
+//   - more than kAllocsPerSecond operator-new calls a second after warm-up (plain build only): the data path
+//     allocates nothing;
 //   - lwIP's pools or DPDK's mbufs not back to their starting occupancy after the QPs are torn down;
 //   - the two sides disagreeing on counts (consuming messages sent vs received, acks sent vs received);
 //   - a process that crashes, fails, or outlives its deadline (run + 120 s).
@@ -42,6 +44,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cinttypes>
 #include <cmath>
@@ -51,6 +54,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <new>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -70,7 +74,43 @@ using namespace softrdma;
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
+// ---- allocations ----------------------------------------------------------------------------------------
+// Every operator new in the process is counted (the library's too: this definition interposes on the global
+// one; new[], nothrow and sized variants all come through these two in libstdc++). Not in the sanitizer
+// builds, whose runtimes own operator new. After warm-up the run must allocate next to nothing: the library
+// allocates nothing per operation, and neither does this harness apart from its once-a-second report. (This
+// matters beyond the rule: under ASan every freed block sits in the quarantine, so per-completion strings made
+// the ASan soak's RSS climb ~400 KiB/s, past its bound.)
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+#define SOAK_COUNTS_ALLOCATIONS 1
 namespace {
+std::atomic<std::uint64_t> g_allocations{0};
+}
+void* operator new(std::size_t n) {
+    g_allocations.fetch_add(1, std::memory_order_relaxed);
+    if (void* p = std::malloc(n != 0 ? n : 1)) return p;
+    throw std::bad_alloc();
+}
+void* operator new(std::size_t n, std::align_val_t al) {
+    g_allocations.fetch_add(1, std::memory_order_relaxed);
+    const auto a = static_cast<std::size_t>(al);
+    if (void* p = std::aligned_alloc(a, (std::max<std::size_t>(n, 1) + a - 1) / a * a)) return p;
+    throw std::bad_alloc();
+}
+#endif
+
+namespace {
+
+// Allocations allowed per second after warm-up (the once-a-second report makes ~20; one per operation would be
+// thousands).
+constexpr std::uint64_t kAllocsPerSecond = 200;
+std::uint64_t allocations() {
+#ifdef SOAK_COUNTS_ALLOCATIONS
+    return g_allocations.load(std::memory_order_relaxed);
+#else
+    return 0;
+#endif
+}
 
 // Allowed RSS growth after warm-up, plus 1 % of the warm-up RSS. The plain build touches all its memory within
 // warm-up (a 30-s run: +0 KiB after it). Under ThreadSanitizer the run is ~30x slower, so pool objects and mbufs
@@ -178,6 +218,8 @@ struct Health {
     const Options& o;
     Clock::time_point t0 = Clock::now();
     std::uint64_t rss_start = rss_kib(), rss_warm = 0, rss_max_after = 0, rss_now = 0;
+    std::uint64_t allocs_warm = 0, allocs_after = 0;  // operator new calls: at the end of warm-up, since then
+    double warm_at = 0;
     Clock::time_point last_progress = Clock::now();
     std::uint64_t last_completions = 0;
     std::string failure;
@@ -196,8 +238,18 @@ struct Health {
     // Once a second: RSS rule and stall rule.
     void tick(std::uint64_t completions, bool expecting_progress) {
         rss_now = rss_kib();
-        if (rss_warm == 0 && elapsed() >= warmup_s()) rss_warm = rss_now;
+        if (rss_warm == 0 && elapsed() >= warmup_s()) {
+            rss_warm = rss_now;
+            allocs_warm = allocations();
+            warm_at = elapsed();
+        }
         if (rss_warm != 0) {
+            allocs_after = allocations() - allocs_warm;
+            const auto allowed = static_cast<std::uint64_t>(kAllocsPerSecond * (elapsed() - warm_at + 1));
+            if (allocs_after > allowed)
+                fail(std::to_string(allocs_after) + " allocations in the " +
+                     std::to_string(static_cast<int>(elapsed() - warm_at)) + " s after warm-up (at most " +
+                     std::to_string(kAllocsPerSecond) + " a second)");
             rss_max_after = std::max(rss_max_after, rss_now);
             if (rss_now > rss_bound())
                 fail("RSS " + std::to_string(rss_now) + " KiB above the bound " + std::to_string(rss_bound()) +
@@ -217,8 +269,15 @@ struct Health {
     std::string rss_text() const {
         return "rss " + std::to_string(rss_now) + " KiB (" +
                (rss_warm != 0 ? "+" + std::to_string(static_cast<long long>(rss_now) - static_cast<long long>(rss_warm)) +
-                                    " since warm-up"
+                                    " since warm-up" + allocs_text()
                               : "warming up") + ")";
+    }
+    std::string allocs_text() const {
+#ifdef SOAK_COUNTS_ALLOCATIONS
+        return ", " + std::to_string(allocs_after) + " allocations";
+#else
+        return {};
+#endif
     }
 };
 
@@ -429,15 +488,16 @@ int run_server(const test::PeerConfig& pc, const Options& o) {
             const std::uint64_t k = s.k++;
             const std::uint32_t len = size_from(h(o.seed, q, k, kMsgLen), o.min_size, o.max_size);
             const std::uint64_t pseed = h(o.seed, q, k, kMsgSeed);
-            const std::string where = "QP " + std::to_string(q) + " message " + std::to_string(k);
+            // Built only for a mismatch's message: the run allocates nothing per completion (see kAllocsPerSecond).
+            const auto where = [&] { return "QP " + std::to_string(q) + " message " + std::to_string(k); };
             if (wc.opcode == verbs::WcOpcode::recv) {
                 const bool imm = (wc.wc_flags & verbs::wc_flags::with_imm) != 0;
                 (imm ? recv_imm_n : recv_n)++;
                 bytes_in += wc.byte_len;
-                if (wc.byte_len != len) mismatch(where + ": SEND of " + std::to_string(wc.byte_len) + " bytes, want " + std::to_string(len));
+                if (wc.byte_len != len) mismatch(where() + ": SEND of " + std::to_string(wc.byte_len) + " bytes, want " + std::to_string(len));
                 else if (const auto bad = test::check_pattern(pseed, 0, std::span(s.buf).subspan(L.srv_recv() + slot * L.max, len)); bad >= 0)
-                    mismatch(where + ": SEND byte " + std::to_string(bad) + " differs");
-                else if (imm && wc.imm_data != h(o.seed, q, k, kMsgImm)) mismatch(where + ": immediate data differs");
+                    mismatch(where() + ": SEND byte " + std::to_string(bad) + " differs");
+                else if (imm && wc.imm_data != h(o.seed, q, k, kMsgImm)) mismatch(where() + ": immediate data differs");
                 else verified += len;
             } else if (wc.opcode == verbs::WcOpcode::recv_rdma_with_imm) {
                 ++write_imm_n;
@@ -447,12 +507,12 @@ int run_server(const test::PeerConfig& pc, const Options& o) {
                 const std::uint32_t wk = static_cast<std::uint32_t>(imm >> 32);
                 bytes_in += wlen;
                 if (wk != static_cast<std::uint32_t>(k) || wlen != len || wslot >= o.depth)
-                    mismatch(where + ": WRITE_WITH_IMM's immediate data " + std::to_string(imm) + " unexpected");
+                    mismatch(where() + ": WRITE_WITH_IMM's immediate data " + std::to_string(imm) + " unexpected");
                 else if (const auto bad = test::check_pattern(pseed, 0, std::span(s.buf).subspan(L.srv_slots() + wslot * L.max, len)); bad >= 0)
-                    mismatch(where + ": WRITE byte " + std::to_string(bad) + " differs");
+                    mismatch(where() + ": WRITE byte " + std::to_string(bad) + " differs");
                 else verified += len;
             } else {
-                mismatch(where + ": unexpected completion opcode " + verbs::to_string(wc.opcode));
+                mismatch(where() + ": unexpected completion opcode " + verbs::to_string(wc.opcode));
             }
             // The receive goes back before the ack that lets the client send again.
             const verbs::Sge sge = s.mr->sge(L.srv_recv() + slot * L.max, static_cast<std::uint32_t>(L.max));
@@ -525,7 +585,7 @@ int run_server(const test::PeerConfig& pc, const Options& o) {
                   " bytes_out=" + std::to_string(bytes_out) + " verified=" + std::to_string(verified) +
                   " flushed_at_end=" + std::to_string(flushed_at_end) + " rss_start=" +
                   std::to_string(health.rss_start) + " rss_warm=" + std::to_string(health.rss_warm) +
-                  " rss_end=" + std::to_string(rss_end));
+                  " rss_end=" + std::to_string(rss_end) + " allocs=" + std::to_string(health.allocs_after));
     if (!health.failure.empty()) {
         procs::report("internals " + internals_text(*ctx));
         procs::report("fail " + health.failure);
@@ -767,21 +827,21 @@ int run_client(const test::PeerConfig& base, const Options& o) {
             finish(q, slot);
             return;
         }
-        const std::string where = std::string(kind_name[ch.kind]) + " on QP " + std::to_string(q);
+        const auto where = [&] { return std::string(kind_name[ch.kind]) + " on QP " + std::to_string(q); };
         const std::uint64_t sink = L.cli_sink() + slot * L.max;
         if (ch.kind == kWriteRead && wc.opcode == verbs::WcOpcode::rdma_read) {
             if (const auto bad = test::check_pattern(ch.pseed, 0, std::span(c.buf).subspan(sink, ch.len)); bad >= 0)
-                mismatch(where + ": byte " + std::to_string(bad) + " of " + std::to_string(ch.len) + " read back differs");
+                mismatch(where() + ": byte " + std::to_string(bad) + " of " + std::to_string(ch.len) + " read back differs");
             else verified += ch.len;
         } else if (ch.kind == kRead) {
             if (const auto bad = test::check_pattern(h(o.seed, q, 0, kRoSeed), ch.ro_offset,
                                                      std::span(c.buf).subspan(sink, ch.len)); bad >= 0)
-                mismatch(where + ": byte " + std::to_string(bad) + " differs");
+                mismatch(where() + ": byte " + std::to_string(bad) + " differs");
             else verified += ch.len;
         } else if (ch.kind == kFetchAdd || ch.kind == kCas) {
             std::uint64_t got;
             std::memcpy(&got, c.buf.data() + sink, 8);
-            if (got != ch.expect_old) mismatch(where + ": old value " + std::to_string(got) + ", want " + std::to_string(ch.expect_old));
+            if (got != ch.expect_old) mismatch(where() + ": old value " + std::to_string(got) + ", want " + std::to_string(ch.expect_old));
             else verified += 8;
         }
         finish(q, slot);
@@ -960,7 +1020,7 @@ int run_client(const test::PeerConfig& base, const Options& o) {
                   std::to_string(faults_sum(rx) + faults_sum(tx)) + " faults_rx=" + faults_text(rx) + " faults_tx=" +
                   faults_text(tx) + " rss_start=" + std::to_string(health.rss_start) + " rss_warm=" +
                   std::to_string(health.rss_warm) + " rss_max=" + std::to_string(health.rss_max_after) +
-                  " rss_end=" + std::to_string(rss_end) + " seconds=" + std::to_string(static_cast<int>(health.elapsed())));
+                  " rss_end=" + std::to_string(rss_end) + " allocs=" + std::to_string(health.allocs_after) + " seconds=" + std::to_string(static_cast<int>(health.elapsed())));
     if (!health.failure.empty()) {
         procs::report("internals " + internals_text(*ctx));
         procs::report("fail " + health.failure);
@@ -1092,12 +1152,18 @@ int main(int argc, char** argv) {
             why.push_back("server sent " + std::to_string(num(s, "acks")) + " acks, client received " + std::to_string(num(c, "acks")));
     }
     const std::string ops = c.count("ops") ? c.at("ops") : "0";
-    char figs[1024];
+#ifdef SOAK_COUNTS_ALLOCATIONS
+    constexpr bool allocations_counted = true;
+#else
+    constexpr bool allocations_counted = false;
+#endif
+    char figs[1280];
     std::snprintf(figs, sizeof figs,
                   "%s, %.0f s, %u QPs: %s operations (send %s, send_imm %s, write_imm %s, write+read %s, read %s, "
                   "fetch_add %s, cmp_swap %s), client moved %s and verified %s, server verified %s, %s faults "
                   "injected (rx %s, tx %s), 0 lost; RSS client %" PRIu64 " -> %" PRIu64 " KiB (warm-up %" PRIu64
-                  ", max %" PRIu64 "), server %" PRIu64 " -> %" PRIu64 " KiB; pools back to start",
+                  ", max %" PRIu64 "), server %" PRIu64 " -> %" PRIu64 " KiB; allocations after warm-up client %" PRIu64
+                  ", server %" PRIu64 "%s; pools back to start",
                   mode, secs, o.qps, ops.c_str(), c.count("send") ? c.at("send").c_str() : "0",
                   c.count("send_imm") ? c.at("send_imm").c_str() : "0",
                   c.count("write_imm") ? c.at("write_imm").c_str() : "0",
@@ -1108,7 +1174,8 @@ int main(int argc, char** argv) {
                   c.count("faults") ? c.at("faults").c_str() : "0",
                   c.count("faults_rx") ? c.at("faults_rx").c_str() : "-",
                   c.count("faults_tx") ? c.at("faults_tx").c_str() : "-", num(c, "rss_start"), num(c, "rss_end"),
-                  num(c, "rss_warm"), num(c, "rss_max"), num(s, "rss_start"), num(s, "rss_end"));
+                  num(c, "rss_warm"), num(c, "rss_max"), num(s, "rss_start"), num(s, "rss_end"), num(c, "allocs"),
+                  num(s, "allocs"), allocations_counted ? "" : " (not counted in sanitizer builds)");
     if (why.empty()) {
         std::printf("soak: PASS — %s\n", figs);
         return 0;
