@@ -159,8 +159,12 @@ void TcpConnection::set_keepalive(std::chrono::milliseconds idle, std::chrono::m
 }
 
 std::optional<std::uint32_t> TcpConnection::oldest_unacked() const noexcept {
-    if (pcb_ == nullptr || pcb_->unacked == nullptr) return std::nullopt;
+    if (pcb_ == nullptr || (pcb_->unacked == nullptr && !window_closed())) return std::nullopt;
     return pcb_->lastack;
+}
+
+bool TcpConnection::window_closed() const noexcept {
+    return pcb_ != nullptr && pcb_->unsent != nullptr && pcb_->persist_backoff > 0;
 }
 
 static_assert(static_cast<u8_t>(TcpPriority::expendable) == TCP_PRIO_MIN);

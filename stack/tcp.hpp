@@ -112,8 +112,12 @@ public:
     // would wait forever): after `idle` without traffic, probe every `interval`; after `probes` unanswered
     // probes the connection ends with on_error(timed_out).
     void set_keepalive(std::chrono::milliseconds idle, std::chrono::milliseconds interval, unsigned probes) noexcept;
-    // The sequence number of the oldest byte sent and not yet acknowledged; nullopt when nothing is in flight.
+    // Where the peer holds our stream up: the sequence number of the oldest byte sent and not yet acknowledged,
+    // or, with nothing in flight, of the next byte to send while the peer's receive window is too small for it
+    // (lwIP's persist state: zero-window probes); nullopt when nothing waits on the peer.
     std::optional<std::uint32_t> oldest_unacked() const noexcept;
+    // The peer's receive window keeps our next segment out (persist state).
+    bool window_closed() const noexcept;
     // lwIP's priority for this connection (TcpPriority); new ones start at normal.
     void set_priority(TcpPriority p) noexcept;
 

@@ -368,7 +368,9 @@ void Conn::peer_dead(const std::string& why) {
 }
 
 // ConnParam::liveness.user_timeout, from the poll stage (once a millisecond): the oldest unacknowledged byte
-// must move within the limit. Time without poll stages (the application away) restarts the clock.
+// must move within the limit, and so must a stream the peer's closed receive window holds back (as Linux's
+// TCP_USER_TIMEOUT since 5.11: a peer that answers zero-window probes but never opens its window would
+// otherwise hold the connection forever). Time without poll stages (the application away) restarts the clock.
 void Conn::check_user_timeout(mpa::Clock::time_point now) {
     if (now - last_check_ > std::chrono::milliseconds(100)) una_since_ = now;
     last_check_ = now;
@@ -377,9 +379,10 @@ void Conn::check_user_timeout(mpa::Clock::time_point now) {
         una_ = una;
         una_since_ = now;
     } else if (una && now - una_since_ >= liveness_.user_timeout) {
-        peer_dead("peer not responding: data unacknowledged for " +
-                  std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(now - una_since_).count()) +
-                  " ms (user timeout " + std::to_string(liveness_.user_timeout.count()) + " ms)");
+        const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now - una_since_).count();
+        peer_dead((tcp_->window_closed() ? "peer not accepting data: its receive window closed for "
+                                         : "peer not responding: data unacknowledged for ") +
+                  std::to_string(ms) + " ms (user timeout " + std::to_string(liveness_.user_timeout.count()) + " ms)");
     }
 }
 

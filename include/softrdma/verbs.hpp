@@ -458,10 +458,13 @@ struct FirstFpduGuard {
 //   `keepalive_interval`; when `keepalive_probes` went unanswered the peer is dead: reported within
 //   idle + probes x interval (defaults: 3 s + 3 x 1 s = 6 s) of its last segment. 0 probes: no keepalive.
 //   Sending: `user_timeout` (Linux's TCP_USER_TIMEOUT): data sent and not acknowledged for this long (however
-//   often TCP retransmitted it) ends the connection. 0: only lwIP's retransmission limit (8 retransmissions
-//   with exponential backoff: ~15 s at LAN round trips). Time the application spends without driving the
-//   engine (no poll for 100 ms or more) is not held against the peer.
-// Live peers are never affected: any segment from the peer (an ACK, a keepalive answer) restarts both clocks.
+//   often TCP retransmitted it), or kept from going out by the peer's closed receive window for this long
+//   (however often the peer answered our zero-window probes), ends the connection. 0: only lwIP's
+//   retransmission limit (8 retransmissions with exponential backoff: ~15 s at LAN round trips), and a closed
+//   window is waited out forever. Time the application spends without driving the engine (no poll for 100 ms
+//   or more) is not held against the peer.
+// A peer that keeps taking our data is never affected: any segment from it restarts the keepalive clock, and
+// every acknowledgement of new data the user-timeout clock.
 struct Liveness {
     std::chrono::milliseconds keepalive_idle{3000};
     std::chrono::milliseconds keepalive_interval{1000};
