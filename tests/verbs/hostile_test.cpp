@@ -10,12 +10,16 @@
 // must match the table below; the server must serve every case and end with its pools at their start.
 #include <catch2/catch.hpp>
 
+#include <array>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <span>
 #include <sstream>
 #include <stdexcept>
 #include <thread>
+#include <vector>
 
 #include "tests/support/netns.hpp"
 #include "tests/verbs/fixture.hpp"
@@ -427,5 +431,252 @@ TEST_CASE("a hostile peer: every misbehaviour draws the RFC's answer, the server
             CHECK(s->second.find("qp=ERR") != std::string::npos);
             CHECK(s->second.find("ended=yes") != std::string::npos);
         }
+    }
+}
+
+// ---- a raw TCP peer (tests/verbs/rawtcp.py) -------------------------------------------------------------
+// TCP segments crafted by hand from an address the kernel does not own: out of order, overlapping, stale
+// copies with other bytes, a flood past a hole and past the window, a receive window held shut while the peer
+// answers every probe. The server below takes one connection per case and says what reached its memory.
+namespace {
+
+constexpr std::size_t kRawRead = 64 * 1024;                // READ source, filled with raw_pattern
+constexpr std::size_t kRawWriteArea = 1024 * 1000;         // the flood's WRITEs, from offset kRawRead
+constexpr std::uint32_t kRawRecvs = 40;                    // receives per connection (a case sends 32 SENDs)
+constexpr unsigned kRawConns = 8;
+constexpr auto kRawUserTimeout = std::chrono::milliseconds(3000);
+
+std::uint8_t raw_pattern(std::size_t i) { return static_cast<std::uint8_t>(i * 131 + 7); }  // as rawtcp.py
+
+std::uint32_t fnv1a(std::span<const std::byte> b) {
+    std::uint32_t h = 0x811C9DC5u;
+    for (const std::byte x : b) h = (h ^ static_cast<std::uint8_t>(x)) * 0x01000193u;
+    return h;
+}
+
+std::string hex32(std::uint32_t v) {
+    char s[9];
+    std::snprintf(s, sizeof s, "%08x", v);
+    return s;
+}
+
+int raw_server(const PeerConfig& cfg) {
+    enter_netns(cfg.netns);
+    verbs::ContextConfig cc;
+    cc.port = cfg.port;
+    cc.eal = cfg.eal;
+    cc.ip = cfg.stack.ip;
+    cc.max_mr = 4;
+    cc.max_qp = kRawConns;
+    cc.threading = test_threading();
+    auto ctx = verbs::Context::open(cc);
+    const auto baseline = ctx->impl().stack().pool_usage();
+    int rc = 0;
+    {
+        auto pd = ctx->alloc_pd();
+        auto cq = ctx->create_cq(1024);
+        const std::size_t recv_at = kRawRead + kRawWriteArea;
+        std::vector<std::byte> buf(recv_at + kRawConns * kRawRecvs * kRecvLen);
+        for (std::size_t i = 0; i < kRawRead; ++i) buf[i] = std::byte{raw_pattern(i)};
+        auto mr = pd->reg_mr(buf, kAll);
+        auto listener = ctx->listen(cfg.tcp_port);
+        struct RawConn {
+            std::string name;
+            std::unique_ptr<verbs::CmId> id;
+            std::unique_ptr<verbs::QueuePair> qp;
+            std::string hashes, cm, reason, other;
+            unsigned recv_ok = 0;
+            bool ended = false;
+        };
+        std::vector<RawConn> conns;
+        conns.reserve(kRawConns);
+        std::array<verbs::WorkCompletion, 32> wcs;
+        auto drain = [&] {
+            for (std::size_t n; (n = cq->poll(wcs)) != 0;)
+                for (std::size_t i = 0; i < n; ++i) {
+                    const auto& wc = wcs[i];
+                    const auto q = static_cast<std::size_t>(wc.wr_id >> 8), slot = static_cast<std::size_t>(wc.wr_id & 0xff);
+                    if (q >= conns.size()) continue;
+                    auto& c = conns[q];
+                    if (wc.opcode == WcOpcode::recv && wc.status == WcStatus::success) {
+                        ++c.recv_ok;
+                        const auto at = recv_at + kRecvLen * (q * kRawRecvs + slot);
+                        c.hashes += (c.hashes.empty() ? "" : ",") + hex32(fnv1a(std::span(buf).subspan(at, wc.byte_len)));
+                    } else if (!(wc.opcode == WcOpcode::recv && wc.status == WcStatus::wr_flush_err)) {
+                        c.other += std::string(c.other.empty() ? "" : ",") + verbs::to_string(wc.opcode) + ":" +
+                                   verbs::to_string(wc.status);
+                    }
+                }
+        };
+        auto note_cm = [&](const verbs::CmEvent& ev) {
+            for (auto& c : conns)
+                if (c.id.get() == ev.id) {
+                    c.cm += std::string(c.cm.empty() ? "" : ",") + verbs::to_string(ev.type);
+                    if (ev.type != verbs::CmEventType::established) {
+                        c.ended = true;
+                        c.reason = ev.reason;
+                    }
+                }
+        };
+        bool quit = false;
+        const auto until = std::chrono::steady_clock::now() + 100s;
+        while (!quit && std::chrono::steady_clock::now() < until) {
+            ctx->run_until([] { return false; }, 1ms);
+            drain();
+            auto ev = ctx->get_cm_event();
+            if (!ev) continue;
+            if (ev->type != verbs::CmEventType::connect_request) {
+                note_cm(*ev);
+                continue;
+            }
+            std::string pdata(reinterpret_cast<const char*>(ev->private_data.bytes.data()), ev->private_data.size);
+            const std::string name = pdata.rfind("HOSTILE:", 0) == 0 ? pdata.substr(8) : "?" + pdata;
+            if (name == "quit" || conns.size() >= kRawConns) {
+                quit = name == "quit";
+                if (!ev->request->reject({})) throw std::runtime_error("reject");
+                continue;
+            }
+            const std::size_t q = conns.size();
+            RawConn& c = conns.emplace_back();
+            c.name = name;
+            c.qp = pd->create_qp({.send_cq = cq.get(), .recv_cq = cq.get(),
+                                  .cap = {.max_send_wr = 16, .max_recv_wr = kRawRecvs}});
+            for (std::uint32_t slot = 0; slot < kRawRecvs; ++slot) {
+                const verbs::Sge r = mr->sge(recv_at + kRecvLen * (q * kRawRecvs + slot), kRecvLen);
+                const verbs::RecvWr rw{.wr_id = q << 8 | slot, .sg_list = {&r, 1}};
+                if (!c.qp->post_recv({&rw, 1}).ok()) throw std::runtime_error("post_recv refused");
+            }
+            const RemoteRegion me{mr->addr(), mr->rkey(), static_cast<std::uint32_t>(mr->length())};
+            verbs::ConnParam cp{.private_data = as_bytes(me), .responder_resources = 2, .initiator_depth = 2};
+            cp.liveness.user_timeout = kRawUserTimeout;  // zero-window-forever ends after this
+            if (!ev->request->accept(*c.qp, cp)) throw std::runtime_error("accept");
+            c.id = std::move(ev->request);
+        }
+        ctx->run_until([&] {
+            drain();
+            while (auto ev = ctx->get_cm_event()) note_cm(*ev);
+            for (const auto& c : conns)
+                if (!c.ended) return false;
+            return true;
+        }, 3s);
+        drain();
+        std::string lines;
+        for (const auto& c : conns) {
+            lines += "server " + c.name + ": recv=" + std::to_string(c.recv_ok) + " hashes=" + c.hashes;
+            if (c.name == "ooseq-flood")
+                lines += " write=" + hex32(fnv1a(std::span(buf).subspan(kRawRead, kRawWriteArea)));
+            lines += std::string(" qp=") + verbs::to_string(c.qp->state()) + " ended=" + (c.ended ? "yes" : "no") +
+                     " cm=" + c.cm + " wc=" + c.other + " reason=" + c.reason + "\n";
+        }
+        report(lines);
+        if (!quit) {
+            report("no quit");
+            rc = 1;
+        }
+        for (auto& c : conns) c.id.reset();
+        ctx->run_until([&] { return ctx->impl().stack().active_pcbs() == 0; }, 3s);
+        conns.clear();
+    }
+    return finish_checks(ctx->impl().stack(), ctx->impl().port(), baseline, rc);
+}
+
+}  // namespace
+
+TEST_CASE("a raw TCP peer: reordered, overlapping and stale segments, a flood past a hole, a window held shut",
+          "[verbs][security][hostile][af_packet]") {
+    std::string why;
+    if (!VethPair::can_create(why) || std::system("command -v python3 >/dev/null 2>&1") != 0) {
+        WARN("skipped: " << (why.empty() ? "needs python3" : why));
+        return;
+    }
+    VethPair veth;
+    auto [server, client] = memif_pair();
+    server.port = io::PortConfig{};
+    server.port.backend = Backend::af_packet;
+    server.port.iface = veth.if_a;
+    server.netns = veth.ns_a;
+    // The raw peer's address is not the kernel's (no address on that end at all): the kernel neither answers
+    // its ARP nor resets its connections.
+    const std::string out = "/tmp/" + unique_name("rawtcp-") + ".txt";
+    const char* only = std::getenv("SOFTRDMA_RAW_CASES");  // debugging: a few cases by name
+    const std::string cmd = "ip netns exec " + veth.ns_b + " python3 " + std::string(SOFTRDMA_SOURCE_DIR) +
+                            "/tests/verbs/rawtcp.py " + veth.if_b + " " + client.stack.ip.address.str() + " " +
+                            server.stack.ip.address.str() + " " + std::to_string(server.tcp_port) + " " +
+                            (only ? std::string(only) + " quit" : "all") + " >" + out + " 2>&1";
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto outcomes = run_roles({{"server", [&] { return raw_server(server); }},
+                                     {"raw", [&] {
+                                          const int rc = std::system(cmd.c_str());
+                                          std::string text;
+                                          if (FILE* f = std::fopen(out.c_str(), "r")) {
+                                              char b[512];
+                                              while (std::fgets(b, sizeof b, f)) text += b;
+                                              std::fclose(f);
+                                          }
+                                          report(text);
+                                          return rc == 0 ? 0 : 1;
+                                      }, 500ms}},
+                                    120s);
+    std::remove(out.c_str());
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    for (const auto& o : outcomes) {
+        INFO(o.name << " exit=" << o.exit_code << (o.timed_out ? " TIMED OUT" : "") << "\n" << o.report);
+        CHECK_FALSE(o.timed_out);
+        CHECK(o.exit_code == 0);
+    }
+    WARN("raw TCP peer: " << secs << " s\n" << outcomes[1].report << outcomes[0].report);
+    const auto wire = lines_after(outcomes[1].report, "raw ");
+    const auto expect = lines_after(outcomes[1].report, "expect ");
+    const auto seen = lines_after(outcomes[0].report, "server ");
+    auto field = [](const std::string& line, const std::string& key) {
+        const auto at = line.find(key + "=");
+        if (at == std::string::npos) return std::string();
+        const auto end = line.find(' ', at);
+        return line.substr(at + key.size() + 1, end == std::string::npos ? std::string::npos : end - at - key.size() - 1);
+    };
+    auto played = [&](const char* name) { return !only || std::string(only).find(name) != std::string::npos; };
+    // Every byte of every SEND where TCP put it, once, with the first copy's bytes.
+    for (const char* name : {"reorder", "overlap", "stale-conflict"}) {
+        if (!played(name)) continue;
+        INFO("case " << name);
+        REQUIRE(wire.count(name) == 1);
+        REQUIRE(seen.count(name) == 1);
+        REQUIRE(expect.count(name) == 1);
+        CHECK(wire.at(name).rfind("got all acknowledged", 0) == 0);
+        CHECK(field(seen.at(name), "recv") == "32");
+        CHECK(field(seen.at(name), "hashes") == expect.at(name));
+        CHECK(field(seen.at(name), "wc").empty());
+    }
+    if (played("ooseq-flood")) {
+        INFO("case ooseq-flood");
+        REQUIRE(wire.count("ooseq-flood") == 1);
+        REQUIRE(seen.count("ooseq-flood") == 1);
+        REQUIRE(expect.count("ooseq-flood") == 1);
+        CHECK(wire.at("ooseq-flood").rfind("got all acknowledged", 0) == 0);
+        CHECK(field(seen.at("ooseq-flood"), "write") == field(expect.at("ooseq-flood"), "write"));
+    }
+    // A window held shut: softrdma probes (backing off: a handful, not one per ACK of the flood), sends the
+    // READ response whole once it opens; one never opened ends at the user timeout with a reset and the reason.
+    if (played("zero-window")) {
+        INFO("case zero-window");
+        REQUIRE(wire.count("zero-window") == 1);
+        const std::string& w = wire.at("zero-window");
+        CHECK(w.rfind("got read-response ok", 0) == 0);
+        const int probes = std::atoi(field(w, "probes").c_str());
+        CHECK(probes >= 1);
+        CHECK(probes <= 20);
+        CHECK(std::atoi(field(w, "flood").c_str()) >= 1000);
+    }
+    if (played("zero-window-forever")) {
+        INFO("case zero-window-forever");
+        REQUIRE(wire.count("zero-window-forever") == 1);
+        REQUIRE(seen.count("zero-window-forever") == 1);
+        const std::string& w = wire.at("zero-window-forever");
+        CHECK(w.rfind("got reset after", 0) == 0);
+        const double after = std::atof(w.c_str() + std::string("got reset after ").size());
+        CHECK(after >= 0.9 * std::chrono::duration<double>(kRawUserTimeout).count());
+        CHECK(after <= std::chrono::duration<double>(kRawUserTimeout).count() + 2.0);
+        CHECK(seen.at("zero-window-forever").find("receive window closed") != std::string::npos);
+        CHECK(seen.at("zero-window-forever").find("qp=ERR") != std::string::npos);
     }
 }

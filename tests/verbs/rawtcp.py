@@ -1,0 +1,450 @@
+#!/usr/bin/env python3
+"""A raw TCP peer for tests/verbs/rawtcp_test.cpp: TCP written by hand over an AF_PACKET socket, from an address
+the kernel does not own (so the kernel's TCP stays out of it), to send what a kernel socket never would:
+segments out of order, overlapping, repeated with other bytes, floods far past a hole, and a receive window
+that stays shut while it keeps answering. One connection per case to a softrdma listener: SYN with MSS 1460 and
+window scale 7, MPA revision 2 (no CRC, no Markers, private data "HOSTILE:CASE", tests/verbs/hostile.py's
+encoders), then the case.
+
+Usage: rawtcp.py IFACE MY_IP SERVER_IP PORT CASE...      (CASE "all": every case, then "quit")
+Prints per case "raw CASE: <outcome> [S s]"; the message cases first print "expect CASE: H,H,..." (FNV-1a 32 of
+each SEND's payload, in order), the WRITE flood "expect CASE: write=H" (of the area it writes).
+
+Cases:
+  reorder         32 SENDs, one FPDU per segment, the segments sent in a shuffled order
+  overlap         the same stream cut into overlapping segments (each byte in two or three), shuffled, repeated
+  stale-conflict  half the stream in order, then that half sent again with other bytes (and one segment
+                  straddling the next expected byte: stale bytes then new ones); TCP must keep the first copy
+  ooseq-flood     1 MiB of WRITEs (1000-byte FPDUs) sent past a one-segment hole as fast as we can, plus 200
+                  segments beyond the receive window, then the hole and the rest (go-back-N on the ACKs)
+  zero-window     a 64 KiB READ request into a 4 KiB window (no scaling) that its response fills; held at 0 for
+                  2.5 s while we flood pure ACKs (window 0) and answer the zero-window probes, then opened: the
+                  READ response must arrive whole and correct
+  zero-window-forever  the same, the window never opens: softrdma must give up (user timeout) and reset
+"""
+import os
+import random
+import select
+import socket
+import struct
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import hostile  # noqa: E402  (the MPA/DDP/RDMAP encoders)
+
+ETH_P_ALL, ETH_P_IP, ETH_P_ARP = 0x0003, 0x0800, 0x0806
+PACKET_OUTGOING = 4
+FIN, SYN, RST, PSH, ACK = 0x01, 0x02, 0x04, 0x08, 0x10
+MSS = 1460
+WSCALE = 7  # ours
+MASK = 0xFFFFFFFF
+REGION_PATTERN = lambda i: (i * 131 + 7) & 0xFF  # noqa: E731  the server's READ source (rawtcp_test.cpp)
+READ_LEN = 65536
+WRITE_AREA = 65536  # offset of the server's write area in its region
+FLOOD_FPDUS, FLOOD_PAYLOAD = 1024, 1000
+
+
+def fnv(data):
+    h = 0x811C9DC5
+    for b in data:
+        h = ((h ^ b) * 0x01000193) & MASK
+    return h
+
+
+def csum(data):
+    if len(data) & 1:
+        data += b"\0"
+    s = sum(struct.unpack("!%dH" % (len(data) // 2), data))
+    while s >> 16:
+        s = (s & 0xFFFF) + (s >> 16)
+    return ~s & 0xFFFF
+
+
+def seq_diff(a, b):
+    """a - b in sequence space, signed."""
+    d = (a - b) & MASK
+    return d - (1 << 32) if d & 0x80000000 else d
+
+
+class Link:
+    """Ethernet + ARP + IPv4 on an AF_PACKET socket; hands TCP segments from the server up."""
+
+    def __init__(self, iface, my_ip, srv_ip):
+        self.sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 << 20)
+        self.sock.bind((iface, 0))
+        self.sock.setblocking(False)
+        with open("/sys/class/net/%s/address" % iface) as f:
+            self.mac = bytes.fromhex(f.read().strip().replace(":", ""))
+        self.ip, self.srv_ip = socket.inet_aton(my_ip), socket.inet_aton(srv_ip)
+        self.srv_mac = None
+        self.ident = 0
+
+    def frame(self, dst, etype, payload):
+        self.sock.send(dst + self.mac + struct.pack("!H", etype) + payload)
+
+    def arp(self, op, tha, tpa, dst):
+        self.frame(dst, ETH_P_ARP, struct.pack("!HHBBH", 1, ETH_P_IP, 6, 4, op) + self.mac + self.ip + tha + tpa)
+
+    def resolve(self, deadline):
+        while self.srv_mac is None:
+            if time.time() > deadline:
+                raise RuntimeError("no ARP answer from the server")
+            self.arp(1, b"\0" * 6, self.srv_ip, b"\xff" * 6)
+            self.poll(0.2)
+
+    def ip_send(self, payload):
+        self.ident = (self.ident + 1) & 0xFFFF
+        hdr = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(payload), self.ident, 0x4000, 64, 6, 0, self.ip,
+                          self.srv_ip)
+        hdr = hdr[:10] + struct.pack("!H", csum(hdr)) + hdr[12:]
+        self.frame(self.srv_mac, ETH_P_IP, hdr + payload)
+
+    def poll(self, timeout):
+        """TCP segments from the server that arrive within `timeout` (returns once some came and the socket is
+        drained): (sport, dport, seq, ack, flags, win, options, payload)."""
+        out = []
+        end = time.time() + timeout
+        while True:
+            try:
+                data, addr = self.sock.recvfrom(65536)
+            except BlockingIOError:
+                if out:
+                    return out
+                left = end - time.time()
+                if left <= 0:
+                    return out
+                select.select([self.sock], [], [], left)
+                continue
+            if addr[2] == PACKET_OUTGOING or len(data) < 14:
+                continue
+            etype = struct.unpack("!H", data[12:14])[0]
+            if etype == ETH_P_ARP and len(data) >= 42:
+                op, sha, spa, tpa = struct.unpack("!H", data[20:22])[0], data[22:28], data[28:32], data[38:42]
+                if spa == self.srv_ip:
+                    self.srv_mac = sha
+                if op == 1 and tpa == self.ip:
+                    self.arp(2, sha, spa, sha)
+            elif etype == ETH_P_IP and len(data) >= 34 and data[23] == 6 and data[26:30] == self.srv_ip \
+                    and data[30:34] == self.ip:
+                ihl = (data[14] & 0xF) * 4
+                total = struct.unpack("!H", data[16:18])[0]
+                t = data[14 + ihl:14 + total]
+                sport, dport, seq, ack, off, flags, win = struct.unpack("!HHIIBBH", t[:16])
+                hl = (off >> 4) * 4
+                out.append((sport, dport, seq, ack, flags, win, t[20:hl], t[hl:]))
+
+
+class Tcp:
+    """One connection, by hand. Our stream: offsets from our ISS + 1; the server's stream lands in `rx`."""
+
+    def __init__(self, link, srv_port, lport, window=None):
+        """window: a fixed receive window of that many bytes (no window scaling, so every edge is exact): its
+        right edge stays where the handshake put it until `edge` is moved or dropped (None: 1 MiB, scaled,
+        always open)."""
+        self.link, self.srv_port, self.lport = link, srv_port, lport
+        self.scale = WSCALE if window is None else 0
+        self.window = window
+        self.edge = None  # the fixed right edge of our receive window (sequence number), when window is set
+        self.iss = random.getrandbits(32)
+        self.base = (self.iss + 1) & MASK
+        self.una = 0  # our stream offset the server acknowledged
+        self.rcv_nxt = None
+        self.rx = bytearray()
+        self.ooo = {}
+        self.adv = (1 << 20) if window is None else window  # the window we advertise, bytes (edge unset)
+        self.peer_wnd, self.peer_scale = 0, 0
+        self.reset = self.fin = False
+        self.probes_while_shut = 0
+
+    def room(self):
+        """The receive window we advertise now: what is left before the fixed edge, or the open window."""
+        if self.edge is None or self.rcv_nxt is None:
+            return self.adv
+        return max(0, seq_diff(self.edge, self.rcv_nxt))
+
+    def send(self, seq, flags, payload=b"", opts=b""):
+        win = min(self.room() >> (0 if flags & SYN else self.scale), 0xFFFF)
+        hl = 20 + len(opts)
+        ack = self.rcv_nxt if self.rcv_nxt is not None else 0
+        t = struct.pack("!HHIIBBHHH", self.lport, self.srv_port, seq & MASK, ack & MASK, (hl // 4) << 4, flags, win,
+                        0, 0) + opts
+        pseudo = self.link.ip + self.link.srv_ip + struct.pack("!BBH", 0, 6, len(t) + len(payload))
+        t = t[:16] + struct.pack("!H", csum(pseudo + t + payload)) + t[18:]
+        self.link.ip_send(t + payload)
+
+    def send_at(self, off, data):
+        self.send(self.base + off, ACK | PSH, data)
+
+    def ack(self):
+        self.send(self.base + self.nxt_hint(), ACK)
+
+    def nxt_hint(self):
+        return self.una
+
+    def handle(self, seg):
+        sport, dport, seq, ack, flags, win, opts, payload = seg
+        if sport != self.srv_port or dport != self.lport:
+            return
+        if flags & RST:
+            self.reset = True
+            return
+        if flags & ACK:
+            off = seq_diff(ack, self.base)
+            if off > self.una:
+                self.una = off
+            self.peer_wnd = win << self.peer_scale
+        must_ack = False
+        if payload:
+            must_ack = True
+            if self.room() == 0:
+                self.probes_while_shut += 1  # a zero-window probe: not taken, answered with the same ACK
+            else:
+                if self.edge is not None:  # nothing past the edge is taken
+                    payload = payload[:max(0, seq_diff(self.edge, seq))]
+                d = seq_diff(seq, self.rcv_nxt)
+                if d <= 0:
+                    if len(payload) > -d:
+                        self.rx += payload[-d:]
+                        self.rcv_nxt = (self.rcv_nxt + len(payload) + d) & MASK
+                else:
+                    self.ooo[seq] = payload
+                while True:  # what we held out of order
+                    hit = [s for s in self.ooo if seq_diff(s, self.rcv_nxt) <= 0]
+                    if not hit:
+                        break
+                    for s in hit:
+                        p = self.ooo.pop(s)
+                        d = seq_diff(s, self.rcv_nxt)
+                        if len(p) > -d:
+                            self.rx += p[-d:]
+                            self.rcv_nxt = (self.rcv_nxt + len(p) + d) & MASK
+        if flags & FIN and seq_diff((seq + len(payload)) & MASK, self.rcv_nxt) == 0:
+            self.rcv_nxt = (self.rcv_nxt + 1) & MASK
+            self.fin = must_ack = True
+        if must_ack:
+            self.ack()
+
+    def pump(self, timeout):
+        for seg in self.link.poll(timeout):
+            self.handle(seg)
+
+    def connect(self, deadline):
+        opts = struct.pack("!BBH", 2, 4, MSS) + (bytes([1, 3, 3, WSCALE]) if self.scale else b"")
+        next_syn = 0
+        while self.rcv_nxt is None:
+            if time.time() > deadline:
+                raise RuntimeError("no SYN-ACK")
+            if time.time() >= next_syn:
+                self.send(self.iss, SYN, opts=opts)
+                next_syn = time.time() + 1.0
+            for sport, dport, seq, ack, flags, win, o, _ in self.link.poll(0.1):
+                if sport == self.srv_port and dport == self.lport and flags & (SYN | ACK) == SYN | ACK \
+                        and ack == self.base:
+                    self.rcv_nxt = (seq + 1) & MASK
+                    i = 0
+                    while i < len(o):  # the server's window scale
+                        if o[i] == 0:
+                            break
+                        if o[i] == 1:
+                            i += 1
+                            continue
+                        if o[i] == 3 and i + 2 < len(o):
+                            self.peer_scale = o[i + 2]
+                        i += max(2, o[i + 1]) if i + 1 < len(o) else len(o)
+                    self.peer_wnd = win
+        if self.window is not None:
+            self.edge = (self.rcv_nxt + self.window) & MASK
+        self.ack()
+
+    def deliver(self, stream, deadline, start=0):
+        """Go-back-N until the server acknowledged all of `stream` (offsets from `start`)."""
+        end = start + len(stream)
+        last_una, quiet_since = -1, time.time()
+        while self.una < end:
+            if self.reset:
+                raise RuntimeError("reset by the server")
+            if time.time() > deadline:
+                raise RuntimeError("server acknowledged %d of %d bytes" % (self.una - start, len(stream)))
+            if self.una != last_una or time.time() - quiet_since > 0.2:
+                last_una, quiet_since = self.una, time.time()
+                off = max(self.una, start)
+                limit = min(end, off + max(self.peer_wnd, MSS), off + (256 << 10))
+                while off < limit:
+                    n = min(MSS, limit - off)
+                    self.send_at(off, stream[off - start:off - start + n])
+                    off += n
+            self.pump(0.02)
+
+    def wait_rx(self, n, deadline):
+        while len(self.rx) < n:
+            if self.reset or self.fin or time.time() > deadline:
+                return False
+            self.pump(0.05)
+        return True
+
+
+def established(link, port, lport, case, deadline, window=None):
+    c = Tcp(link, port, lport, window)
+    c.connect(deadline)
+    req = hostile.mpa_request(case)
+    c.deliver(req, deadline)
+    if not c.wait_rx(20, deadline):
+        raise RuntimeError("no MPA reply")
+    pd_len = struct.unpack(">H", bytes(c.rx[18:20]))[0]
+    if not c.wait_rx(20 + pd_len, deadline) or bytes(c.rx[:16]) != hostile.REP_KEY or c.rx[16] & 0x20:
+        raise RuntimeError("no MPA reply (or a reject)")
+    addr, stag, length = struct.unpack("<QII", bytes(c.rx[24:40]))  # after IRD/ORD: the server's RemoteRegion
+    del c.rx[:20 + pd_len]
+    return c, len(req), addr, stag
+
+
+def sends(case, n=32, size=1000):
+    payloads = [bytes(random.getrandbits(8) for _ in range(size)) for _ in range(n)]
+    print("expect %s: %s" % (case, ",".join("%08x" % fnv(p) for p in payloads)), flush=True)
+    return b"".join(hostile.fpdu(hostile.untagged(hostile.SEND, 0, i + 1, 0, p)) for i, p in enumerate(payloads))
+
+
+def read_fpdus(c, deadline, want):
+    """Tagged READ Response payloads from the server's stream until `want` bytes or the Last flag."""
+    got = bytearray()
+    while True:
+        while len(c.rx) >= 2:
+            n = struct.unpack(">H", bytes(c.rx[:2]))[0]
+            total = 2 + n + ((-(n + 2)) & 3) + 4
+            if len(c.rx) < total:
+                break
+            ulpdu = bytes(c.rx[2:2 + n])
+            del c.rx[:total]
+            ctl = struct.unpack(">H", ulpdu[:2])[0]
+            if ctl & 0x8000 and ctl & 0xF == hostile.READ_RESP:
+                got += ulpdu[14:]
+                if ctl & 0x4000:
+                    return bytes(got)
+            else:
+                return bytes(got)
+        if len(got) >= want or c.reset or c.fin or time.time() > deadline:
+            return bytes(got)
+        c.pump(0.05)
+
+
+def run(link, port, lport, case):
+    deadline = time.time() + 30
+    random.seed(case)
+    if case == "quit":
+        c = Tcp(link, port, lport)
+        c.connect(deadline)
+        c.deliver(hostile.mpa_request(case), deadline)
+        c.wait_rx(20, time.time() + 2)
+        c.send(c.base + c.una, RST | ACK)
+        return "got " + ("mpa-reject" if len(c.rx) >= 20 and c.rx[16] & 0x20 else "something else")
+    # The zero-window cases: a 4 KiB window the READ response fills, so it closes the way a receiver's does
+    # (its right edge never moves back; a window cut from 1 MiB to 0 would be a shrink, which lwIP ignores).
+    window = 4096 if case.startswith("zero-window") else None
+    c, off0, addr, stag = established(link, port, lport, case, deadline, window)
+    try:
+        return play(c, case, off0, addr, stag, deadline)
+    finally:
+        if not c.reset:
+            c.send(c.base + c.una, RST | ACK)  # each case ends with an abortive close
+
+
+def play(c, case, off0, addr, stag, deadline):
+    if case in ("reorder", "overlap", "stale-conflict"):
+        stream = sends(case)
+        if case == "reorder":
+            cuts = []
+            pos = 0
+            while pos < len(stream):
+                n = 2 + struct.unpack(">H", stream[pos:pos + 2])[0]
+                n += ((-n) & 3) + 4
+                cuts.append((pos, stream[pos:pos + n]))
+                pos += n
+            random.shuffle(cuts)
+            for pos, data in cuts:
+                c.send_at(off0 + pos, data)
+        elif case == "overlap":
+            cuts = [(p, stream[p:p + 1400]) for p in range(0, len(stream), 700)]
+            cuts += [(p, stream[p:p + random.randint(1, MSS)]) for p in
+                     (random.randrange(len(stream)) for _ in range(40))]
+            random.shuffle(cuts)
+            for pos, data in cuts + cuts[:10]:
+                c.send_at(off0 + pos, data)
+        else:
+            half = len(stream) // 2
+            c.deliver(stream[:half], deadline, off0)
+            flipped = bytes(b ^ 0x5A for b in stream[:half])
+            for p in range(0, half, MSS):
+                c.send_at(off0 + p, flipped[p:p + MSS])
+            c.send_at(off0 + half - 500, flipped[half - 500:half] + stream[half:half + 500])
+        c.deliver(stream, deadline, off0)
+        c.pump(0.2)
+        return "got all acknowledged" + (" then reset" if c.reset else "")
+    if case == "ooseq-flood":
+        payload = bytes(REGION_PATTERN(i + 3) for i in range(FLOOD_FPDUS * FLOOD_PAYLOAD))
+        print("expect %s: write=%08x" % (case, fnv(payload)), flush=True)
+        stream = b"".join(hostile.fpdu(hostile.tagged(hostile.WRITE, stag, addr + WRITE_AREA + i * FLOOD_PAYLOAD,
+                                                      payload[i * FLOOD_PAYLOAD:(i + 1) * FLOOD_PAYLOAD]))
+                          for i in range(FLOOD_FPDUS))
+        hole = 1024  # the first FPDU (1024 bytes on the wire)
+        t0 = time.time()
+        for p in range(hole, len(stream), 1024):
+            c.send_at(off0 + p, stream[p:p + 1024])
+        for p in range(200):  # beyond any window
+            c.send_at(off0 + len(stream) + (4 << 20) + p * MSS, b"\xee" * MSS)
+        flood_s = time.time() - t0
+        c.pump(0.1)
+        c.deliver(stream, deadline, off0)
+        c.pump(0.2)
+        return "got all acknowledged (flood %.2f s)%s" % (flood_s, " then reset" if c.reset else "")
+    if case in ("zero-window", "zero-window-forever"):
+        c.deliver(hostile.fpdu(hostile.read_request(1, 0x1234, 0, READ_LEN, stag, addr)), deadline, off0)
+        while c.room() > 0 and time.time() < deadline and not c.reset:  # the READ response fills the window
+            c.pump(0.01)
+        if c.room() > 0:
+            raise RuntimeError("the window never filled")
+        t0 = time.time()
+        flood = 0
+        shut_for = 2.5 if case == "zero-window" else 20.0
+        while time.time() - t0 < shut_for and not c.reset:
+            for _ in range(50):
+                c.ack()
+                flood += 1
+            c.pump(0.005)
+        if case == "zero-window-forever":
+            return "got %s after %.1f s probes=%d" % ("reset" if c.reset else "nothing", time.time() - t0,
+                                                      c.probes_while_shut)
+        c.edge, c.adv = None, 60000  # open (and kept open as the bytes are taken)
+        c.ack()
+        data = read_fpdus(c, deadline, READ_LEN)
+        want = bytes(REGION_PATTERN(i) for i in range(READ_LEN))
+        ok = "ok" if data == want else "wrong (%d bytes)" % len(data)
+        return "got read-response %s probes=%d flood=%d" % (ok, c.probes_while_shut, flood)
+    raise RuntimeError("unknown case " + case)
+
+
+ALL = ["reorder", "overlap", "stale-conflict", "ooseq-flood", "zero-window", "zero-window-forever"]
+
+
+def main():
+    iface, my_ip, srv_ip, port = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    cases = sys.argv[5:]
+    if cases == ["all"]:
+        cases = ALL + ["quit"]
+    link = Link(iface, my_ip, srv_ip)
+    link.resolve(time.time() + 10)
+    rc = 0
+    for i, case in enumerate(cases):
+        t0 = time.time()
+        try:
+            out = run(link, port, 40000 + i, case)
+        except Exception as e:  # noqa: BLE001  reported, the next case still runs
+            out = "error %s" % e
+            rc = 1
+        print("raw %s: %s [%.1f s]" % (case, out, time.time() - t0), flush=True)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
