@@ -105,6 +105,7 @@ Stack::Stack(io::Port& port, const StackConfig& cfg)
     netif_set_up(netif_.get());
     netif_set_link_up(netif_.get());
     tsc_per_ms_ = std::max<std::uint64_t>(1, rte_get_timer_hz() / 1000);
+    ack_delay_tsc_ = std::max<std::uint64_t>(1, rte_get_timer_hz() / 1000000 * kAckDelayUs);
     next_timer_tsc_ = rte_get_timer_cycles() + tsc_per_ms_;
     log::info("stack {} on {} (MTU {})", cfg.ip.address.str(), port.name(), port.mtu());
 }
@@ -325,9 +326,12 @@ unsigned Stack::poll() noexcept {
         n += got;
         if (got < kBurst) break;
     }
-    for (unsigned i = 0; i < ack_count_; ++i) ack_pending_[i]->send_deferred_ack();
-    ack_count_ = 0;
-    if (const std::uint64_t tsc = rte_get_timer_cycles(); tsc >= next_timer_tsc_) {
+    const std::uint64_t tsc = rte_get_timer_cycles();
+    unsigned kept = 0;  // owed ACKs not due yet stay listed (see TcpConnection::send_deferred_ack)
+    for (unsigned i = 0; i < ack_count_; ++i)
+        if (!ack_pending_[i]->send_deferred_ack(tsc, ack_delay_tsc_)) ack_pending_[kept++] = ack_pending_[i];
+    ack_count_ = kept;
+    if (tsc >= next_timer_tsc_) {
         next_timer_tsc_ = tsc + tsc_per_ms_;
         sys_check_timeouts();
         if (counters_.tx_deferred != tw_deferred_seen_) retry_time_wait_acks();
@@ -352,10 +356,16 @@ bool Stack::run_until(const std::function<bool()>& done, std::chrono::millisecon
 
 void Stack::defer_ack(TcpConnection* conn) noexcept {
     if (ack_count_ == kAckPending) {
-        conn->send_deferred_ack();
+        conn->send_deferred_ack(0, 0);  // due at once
         return;
     }
     ack_pending_[ack_count_++] = conn;
+}
+
+void Stack::send_owed_acks() noexcept {
+    assert_owner();
+    for (unsigned i = 0; i < ack_count_; ++i) ack_pending_[i]->send_deferred_ack(0, 0);
+    ack_count_ = 0;
 }
 
 void Stack::cancel_ack(TcpConnection* conn) noexcept {

@@ -120,9 +120,11 @@ public:
     // libibverbs' lock, hands it over at each call).
     void take_ownership() noexcept { owner_ = std::this_thread::get_id(); }
 
-    // Connections that received data this turn get their ACK at the end of the turn (poll()), not after
-    // lwIP's delayed-ACK tick: one ACK per connection per turn however many segments arrived.
+    // A connection owes a delayed ACK (stretch ACKs: TcpConnection::on_recv_cb). poll() sends it at the end of
+    // the first turn it is due in (TcpConnection::send_deferred_ack), not after lwIP's 10 ms delayed-ACK tick.
     void defer_ack(TcpConnection* conn) noexcept;
+    // Sends every delayed ACK still owed, due or not (before the owner thread sleeps: nothing would send them).
+    void send_owed_acks() noexcept;
     void cancel_ack(TcpConnection* conn) noexcept;
 
 private:
@@ -153,9 +155,12 @@ private:
     StackCounters counters_;
     StackCycles cycles_;
     void flush_tx_inner() noexcept;
-    // Sizing rule: at most one entry per frame received in a turn (4 bursts of 32); when full, the
-    // connection is ACKed at once instead.
+    // Connections owing a delayed ACK (TcpConnection::send_deferred_ack says when it is due). Sizing rule: one
+    // entry per connection receiving at once, 128; when full, a connection is ACKed at once instead.
     static constexpr unsigned kAckPending = 128;
+    // The longest an ACK is held back for more segments to cover (stretch ACKs).
+    static constexpr std::uint64_t kAckDelayUs = 20;
+    std::uint64_t ack_delay_tsc_ = 1;
     TcpConnection* ack_pending_[kAckPending] = {};
     unsigned ack_count_ = 0;
 };

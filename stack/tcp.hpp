@@ -153,7 +153,10 @@ private:
     void attach() noexcept;
     void detach() noexcept;
     void consumed(std::size_t bytes) noexcept;
-    void send_deferred_ack() noexcept;
+    // Sends the delayed ACK this connection owes if it is due: it covers kStretchSegments full segments, or
+    // it has waited `delay_tsc` since the first byte it covers arrived (tsc 0: due now). Returns true when
+    // nothing is owed any more (sent now, or already carried by data or lwIP's timer).
+    bool send_deferred_ack(std::uint64_t tsc, std::uint64_t delay_tsc) noexcept;
     std::size_t write_flags(std::span<const std::byte> data, std::uint8_t flags) noexcept;
     static signed char on_recv_cb(void* arg, tcp_pcb* pcb, pbuf* p, signed char err);
     static signed char on_sent_cb(void* arg, tcp_pcb* pcb, std::uint16_t len);
@@ -166,6 +169,10 @@ private:
     Handler* handler_;
     bool connected_;
     bool ack_deferred_ = false;  // in the Stack's end-of-turn ACK list
+    // Stretch ACKs: bytes received since our last ACK, and when the first of them came (TSC).
+    static constexpr unsigned kStretchSegments = 8;
+    std::uint32_t rx_unacked_ = 0;
+    std::uint64_t owed_since_tsc_ = 0;
     std::chrono::steady_clock::time_point connect_deadline_{};
 };
 

@@ -268,6 +268,9 @@ bool Engine::run_until(const std::function<bool()>& done, std::chrono::milliseco
 
 bool Engine::prepare_sleep() noexcept {
     if (!rx_) return false;
+    // Stretch ACKs still held for more segments go now: asleep, nothing would send them.
+    stack_->send_owed_acks();
+    stack_->flush_tx();
     want_wake_.store(true, std::memory_order_seq_cst);
     // After raising the flag: anything already handed over (or queued as a CM event, or TCP work due) means no
     // sleep. What the RX thread hands over from now on wakes us.
