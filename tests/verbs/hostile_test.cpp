@@ -675,7 +675,7 @@ TEST_CASE("a raw TCP peer: reordered, overlapping and stale segments, a flood pa
         CHECK(w.rfind("got reset after", 0) == 0);
         const double after = std::atof(w.c_str() + std::string("got reset after ").size());
         CHECK(after >= 0.9 * std::chrono::duration<double>(kRawUserTimeout).count());
-        CHECK(after <= std::chrono::duration<double>(kRawUserTimeout).count() + 2.0);
+        CHECK(after <= std::chrono::duration<double>(kRawUserTimeout).count() + 5.0);  // slack: sanitizer builds
         CHECK(seen.at("zero-window-forever").find("receive window closed") != std::string::npos);
         CHECK(seen.at("zero-window-forever").find("qp=ERR") != std::string::npos);
     }
