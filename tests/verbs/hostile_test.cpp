@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <span>
 #include <sstream>
@@ -361,6 +362,35 @@ std::map<std::string, std::string> lines_after(const std::string& text, const st
     return out;
 }
 
+// A server role beside a script peer run by `cmd` (whose output goes to `out`: read back as that role's report,
+// then removed). Both must end within `limit` with exit code 0; outcomes in that order (server, script).
+std::vector<ChildOutcome> run_with_script(const char* label, std::function<int()> server, const std::string& cmd,
+                                          const std::string& out, std::chrono::seconds limit) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto outcomes = run_roles({{"server", std::move(server)},
+                                     {label, [&] {
+                                          const int rc = std::system(cmd.c_str());
+                                          std::string text;
+                                          if (FILE* f = std::fopen(out.c_str(), "r")) {
+                                              char b[512];
+                                              while (std::fgets(b, sizeof b, f)) text += b;
+                                              std::fclose(f);
+                                          }
+                                          report(text);
+                                          return rc == 0 ? 0 : 1;
+                                      }, 500ms}},
+                                    limit);
+    std::remove(out.c_str());
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    for (const auto& o : outcomes) {
+        INFO(o.name << " exit=" << o.exit_code << (o.timed_out ? " TIMED OUT" : "") << "\n" << o.report);
+        CHECK_FALSE(o.timed_out);
+        CHECK(o.exit_code == 0);
+    }
+    WARN(label << ": " << secs << " s\n" << outcomes[1].report << outcomes[0].report);
+    return outcomes;
+}
+
 }  // namespace
 
 TEST_CASE("a hostile peer: every misbehaviour draws the RFC's answer, the server lives on and leaks nothing",
@@ -388,28 +418,7 @@ TEST_CASE("a hostile peer: every misbehaviour draws the RFC's answer, the server
                             "/tests/verbs/hostile.py " + server.stack.ip.address.str() + " " +
                             std::to_string(server.tcp_port) + " " + (only ? std::string(only) + " quit" + reply_list : "all") +
                             " >" + out + " 2>&1";
-    const auto t0 = std::chrono::steady_clock::now();
-    const auto outcomes = run_roles({{"server", [&] { return hostile_server(server); }},
-                                     {"hostile", [&] {
-                                          const int rc = std::system(cmd.c_str());
-                                          std::string text;
-                                          if (FILE* f = std::fopen(out.c_str(), "r")) {
-                                              char b[512];
-                                              while (std::fgets(b, sizeof b, f)) text += b;
-                                              std::fclose(f);
-                                          }
-                                          report(text);
-                                          return rc == 0 ? 0 : 1;
-                                      }, 500ms}},
-                                    100s);
-    std::remove(out.c_str());
-    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    for (const auto& o : outcomes) {
-        INFO(o.name << " exit=" << o.exit_code << (o.timed_out ? " TIMED OUT" : "") << "\n" << o.report);
-        CHECK_FALSE(o.timed_out);
-        CHECK(o.exit_code == 0);
-    }
-    WARN("hostile peer: " << secs << " s\n" << outcomes[1].report << outcomes[0].report);
+    const auto outcomes = run_with_script("hostile peer", [&] { return hostile_server(server); }, cmd, out, 100s);
     const auto wire = lines_after(outcomes[1].report, "hostile ");
     const auto seen = lines_after(outcomes[0].report, "server ");
     for (const auto& [name, line] : wire) {
@@ -603,28 +612,7 @@ TEST_CASE("a raw TCP peer: reordered, overlapping and stale segments, a flood pa
                             "/tests/verbs/rawtcp.py " + veth.if_b + " " + client.stack.ip.address.str() + " " +
                             server.stack.ip.address.str() + " " + std::to_string(server.tcp_port) + " " +
                             (only ? std::string(only) + " quit" : "all") + " >" + out + " 2>&1";
-    const auto t0 = std::chrono::steady_clock::now();
-    const auto outcomes = run_roles({{"server", [&] { return raw_server(server); }},
-                                     {"raw", [&] {
-                                          const int rc = std::system(cmd.c_str());
-                                          std::string text;
-                                          if (FILE* f = std::fopen(out.c_str(), "r")) {
-                                              char b[512];
-                                              while (std::fgets(b, sizeof b, f)) text += b;
-                                              std::fclose(f);
-                                          }
-                                          report(text);
-                                          return rc == 0 ? 0 : 1;
-                                      }, 500ms}},
-                                    120s);
-    std::remove(out.c_str());
-    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    for (const auto& o : outcomes) {
-        INFO(o.name << " exit=" << o.exit_code << (o.timed_out ? " TIMED OUT" : "") << "\n" << o.report);
-        CHECK_FALSE(o.timed_out);
-        CHECK(o.exit_code == 0);
-    }
-    WARN("raw TCP peer: " << secs << " s\n" << outcomes[1].report << outcomes[0].report);
+    const auto outcomes = run_with_script("raw TCP peer", [&] { return raw_server(server); }, cmd, out, 120s);
     const auto wire = lines_after(outcomes[1].report, "raw ");
     const auto expect = lines_after(outcomes[1].report, "expect ");
     const auto seen = lines_after(outcomes[0].report, "server ");

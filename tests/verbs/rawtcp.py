@@ -178,10 +178,7 @@ class Tcp:
         self.send(self.base + off, ACK | PSH, data)
 
     def ack(self):
-        self.send(self.base + self.nxt_hint(), ACK)
-
-    def nxt_hint(self):
-        return self.una
+        self.send(self.base + self.una, ACK)  # seq: the oldest byte the server has not acknowledged (in its window)
 
     def handle(self, seg):
         sport, dport, seq, ack, flags, win, opts, payload = seg
