@@ -87,13 +87,25 @@ std::uint64_t FaultInjector::next() noexcept {  // xorshift64*
 }
 
 // One bit flipped anywhere past the Ethernet header: the IP header checksum or the TCP checksum (where it is
-// computed) must catch it, the MPA CRC too where negotiated.
-void FaultInjector::corrupt(rte_mbuf* m) noexcept {
+// computed) must catch it, the MPA CRC too where negotiated. A chained frame (zero-copy transmit: its payload
+// is the sender's TX chunk, which TCP retransmits from) is corrupted in a copy, never in place: the damage is
+// the wire's, not the sender's memory. Returns the frame to send on (m, or its copy; m freed then).
+rte_mbuf* FaultInjector::corrupt(rte_mbuf* m) noexcept {
+    if (m->nb_segs > 1) {
+        rte_mbuf* c = rte_pktmbuf_copy(m, pool_, 0, UINT32_MAX);
+        if (c == nullptr || c->nb_segs > 1) {  // no mbuf for the copy (or it needs two): sent undamaged
+            if (c != nullptr) rte_pktmbuf_free(c);
+            return m;
+        }
+        rte_pktmbuf_free(m);
+        m = c;
+    }
     const std::uint32_t len = rte_pktmbuf_data_len(m);
-    if (len <= 14) return;
+    if (len <= 14) return m;
     const std::uint32_t at = 14 + static_cast<std::uint32_t>(next() % (len - 14));
     rte_pktmbuf_mtod(m, std::uint8_t*)[at] ^= static_cast<std::uint8_t>(1u << (next() % 8));
     bump(counters_.corrupted);
+    return m;
 }
 
 bool FaultInjector::hold(rte_mbuf* m, std::uint64_t due) noexcept {
@@ -124,7 +136,7 @@ std::uint16_t FaultInjector::apply(std::span<rte_mbuf*> buf, std::uint16_t n) no
             bump(counters_.dropped);
             continue;
         }
-        if (hit(corrupt_)) corrupt(m);
+        if (hit(corrupt_)) m = corrupt(m);
         if (hit(delay_) && hold(m, now + delay_tsc_)) {
             bump(counters_.delayed);
             continue;

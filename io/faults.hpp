@@ -47,7 +47,7 @@ public:
 private:
     bool hit(std::uint64_t threshold) noexcept { return threshold != 0 && next() < threshold; }
     std::uint64_t next() noexcept;
-    void corrupt(rte_mbuf* m) noexcept;
+    rte_mbuf* corrupt(rte_mbuf* m) noexcept;
     bool hold(rte_mbuf* m, std::uint64_t due) noexcept;
 
     struct Held {

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <fstream>
 #include <thread>
+#include <vector>
 
 #include <rte_bus_vdev.h>
 #include <rte_log.h>
@@ -110,7 +111,13 @@ Port::Port(std::uint16_t port_id, std::string name, const PortConfig& cfg)
 Port::~Port() {
     // The pool outlives nothing that uses it: the stack returns every mbuf before the Port goes. A port left
     // to process exit may still reference it, so its pool stays too.
-    if (close() == CloseResult::clean && pool_ != nullptr) rte_mempool_free(pool_);
+    if (close() == CloseResult::clean) {
+        if (pool_ != nullptr) rte_mempool_free(pool_);
+    } else {
+        // Frames in the port's rings may still reference it: left to process exit (kept reachable).
+        static std::vector<TxArena*> left;
+        left.push_back(tx_arena_.release());
+    }
 }
 
 // ---- the burst gate and the memif link watcher ------------------------------------------------------------
@@ -343,6 +350,14 @@ void Port::start(const PortConfig& cfg) {
 
     rte_eth_conf conf{};
     conf.rxmode.mtu = device_mtu;
+    // Zero-copy transmit sends each TCP segment as a chain: an mbuf with the headers, then the payload as an
+    // external buffer in a TX chunk. Sizing rule: 32 connections with full send buffers (lwIP's TCP_SND_BUF,
+    // 256 KiB = 4 chunks) + the chunk each is filling + one a finished segment may still pin = 6 each: 192
+    // (12 MiB). More connections than that send at full speed copy instead (TcpConnection::tx_buffer).
+    if (cfg.tx_zero_copy && (info.tx_offload_capa & RTE_ETH_TX_OFFLOAD_MULTI_SEGS) != 0) {
+        conf.txmode.offloads |= RTE_ETH_TX_OFFLOAD_MULTI_SEGS;
+        tx_arena_ = std::make_unique<TxArena>(cfg.tx_chunks != 0 ? cfg.tx_chunks : 32u * 6u, rte_socket_id());
+    }
     if (rte_eth_dev_configure(port_id_, 1, 1, &conf) != 0) throw Error("cannot configure " + name_);
     std::uint16_t nrx = cfg.rx_descriptors, ntx = cfg.tx_descriptors;
     rte_eth_dev_adjust_nb_rx_tx_desc(port_id_, &nrx, &ntx);
@@ -522,8 +537,10 @@ std::unique_ptr<Port> open_port(const PortConfig& cfg, const EalConfig& eal_cfg)
     }
     std::unique_ptr<Port> port(new Port(id, dev.name, cfg));
     port->start(cfg);
-    log::info("port {} up, MAC {}, MTU {}, {} mbufs{}", port->name(), to_string(port->mac()),
-                 port->mtu(), port->mbufs_total(), eal_without_hugepages() ? " (no hugepages)" : "");
+    log::info("port {} up, MAC {}, MTU {}, {} mbufs{}, {}", port->name(), to_string(port->mac()), port->mtu(),
+              port->mbufs_total(), eal_without_hugepages() ? " (no hugepages)" : "",
+              port->tx_arena() != nullptr ? "zero-copy TX (" + std::to_string(port->tx_arena()->size()) + " chunks)"
+                                          : std::string("TX copies (no zero-copy)"));
     return port;
 }
 

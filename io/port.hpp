@@ -35,6 +35,7 @@
 #include "io/eal.hpp"
 #include "io/error.hpp"
 #include "io/memif_guard.hpp"
+#include "io/tx_arena.hpp"
 
 namespace softrdma::io {
 
@@ -124,6 +125,10 @@ public:
     // An mbuf from this port's pool (nullptr when the pool is empty). Ownership: the caller's.
     rte_mbuf* alloc() noexcept { return rte_pktmbuf_alloc(pool_); }
     rte_mempool* pool() const noexcept { return pool_; }
+    // Zero-copy transmit chunks (PortConfig::tx_zero_copy); null when off or the driver cannot chain mbufs.
+    // Used by the thread that calls tx_burst (see TxArena).
+    TxArena* tx_arena() noexcept { return tx_arena_.get(); }
+    const TxArena* tx_arena() const noexcept { return tx_arena_.get(); }
     // Mbufs currently out of the pool (in rings, held by the stack, or in flight), for leak checks.
     unsigned mbufs_in_use() const noexcept;
     unsigned mbufs_total() const noexcept;
@@ -206,6 +211,8 @@ private:
     std::atomic<bool> stop_watcher_{false};
     PortCounters counters_;
     std::unique_ptr<PcapWriter> capture_;
+    // After the device is stopped (which frees the frames its TX ring still held) it may go.
+    std::unique_ptr<TxArena> tx_arena_;
     // Fault injection (null when off): each used by its direction's burst thread only.
     std::unique_ptr<FaultInjector> rx_faults_;
     std::unique_ptr<FaultInjector> tx_faults_;

@@ -8,6 +8,7 @@
 
 #include <cassert>
 #include <cstdlib>
+#include <cstring>
 #include <stdexcept>
 
 #include <rte_cycles.h>
@@ -111,6 +112,14 @@ Stack::Stack(io::Port& port, const StackConfig& cfg)
 }
 
 Stack::~Stack() {
+    // Closed connections whose last bytes the peer never acknowledged: lwIP must not reference their TX chunks
+    // past the Stack (the port, and so the arena, may go next).
+    while (!orphans_.empty()) {
+        TxOrphan* o = orphans_.back().get();
+        tcp_pcb* pcb = o->pcb;
+        drop_orphan(o, true);
+        tcp_abort(pcb);
+    }
     flush_tx();
     drop_tx_queue();  // what the driver would not take
     purge_time_wait();
@@ -135,8 +144,14 @@ signed char Stack::netif_init(netif* nif) {
     return ERR_OK;
 }
 
-// lwIP -> wire. Ownership: lwIP keeps `p` (it may retransmit from it); the frame is copied into a fresh mbuf
-// (the TX copy), which the Stack owns in tx_queue_ until tx_burst hands it to the driver.
+// lwIP -> wire. Ownership: lwIP keeps `p` (it may retransmit from it); the frame goes out in fresh mbufs,
+// which the Stack owns in tx_queue_ until tx_burst hands them to the driver. Two ways:
+//  - zero-copy (the port has a TX arena and the payload is in its chunks: TcpConnection's tx_buffer): an mbuf
+//    with the Ethernet/IP/TCP headers, chained to an mbuf per payload pbuf that carries the chunk's bytes as an
+//    external buffer (io::TxArena::attach: the mbuf holds a reference on the chunk until the driver frees it).
+//    Payload pieces below kCopyBreak are copied into the header mbuf instead (an mbuf and a reference cost
+//    more than copying a small SEND).
+//  - copy: the whole frame into one mbuf (control frames, data lwIP copied, or a port without an arena).
 // Back-pressure, not loss: with no mbuf, or the TX queue still full after a flush (the peer drains its ring
 // slower than we fill it: a 1024-connection burst), return ERR_MEM. lwIP's tcp_output then keeps the segment
 // at the head of pcb->unsent (TF_NAGLEMEMERR; tcp_fasttmr or our next flush sends it again), and an ACK keeps
@@ -144,7 +159,9 @@ signed char Stack::netif_init(netif* nif) {
 // fills, with the timeout doubling on every repeat until the connection's user timeout kills it.
 signed char Stack::link_output(netif* nif, pbuf* p) {
     auto* self = static_cast<Stack*>(nif->state);
-    if (p->tot_len > self->port_.mbuf_data_room()) {
+    io::TxArena* arena = self->port_.tx_arena();
+    const bool chained = arena != nullptr && p->next != nullptr && arena->find(p->next->payload) >= 0;
+    if (!chained && p->tot_len > self->port_.mbuf_data_room()) {
         ++self->counters_.tx_dropped;
         return ERR_IF;
     }
@@ -159,12 +176,89 @@ signed char Stack::link_output(netif* nif, pbuf* p) {
         ++self->counters_.tx_deferred;
         return ERR_MEM;
     }
-    pbuf_copy_partial(p, rte_pktmbuf_mtod(m, void*), p->tot_len, 0);
-    m->data_len = p->tot_len;
-    m->pkt_len = p->tot_len;
+    if (chained) {
+        if (!self->chain_payload(m, p, *arena)) {
+            rte_pktmbuf_free(m);
+            ++self->counters_.tx_deferred;
+            return ERR_MEM;
+        }
+    } else {
+        pbuf_copy_partial(p, rte_pktmbuf_mtod(m, void*), p->tot_len, 0);
+        m->data_len = p->tot_len;
+        m->pkt_len = p->tot_len;
+    }
     self->tx_queue_[self->tx_tail_++] = m;
     ++self->counters_.tx_frames;
     return ERR_OK;
+}
+
+// Builds the zero-copy frame in `head` (a fresh mbuf): p's first pbuf (the headers lwIP wrote) copied, each
+// further pbuf attached from the arena, or copied when small or not arena memory. False when out of mbufs
+// (the caller frees `head`, which frees what was chained to it).
+bool Stack::chain_payload(rte_mbuf* head, pbuf* p, io::TxArena& arena) noexcept {
+    const std::uint32_t room = port_.mbuf_data_room();
+    std::memcpy(rte_pktmbuf_mtod(head, void*), p->payload, p->len);
+    head->data_len = p->len;
+    head->pkt_len = p->tot_len;
+    rte_mbuf* tail = head;
+    bool tail_copies = true;  // tail is a direct mbuf we copy into
+    for (pbuf* q = p->next; q != nullptr; q = q->next) {
+        const std::int32_t c = q->len >= kCopyBreak ? arena.find(q->payload) : -1;
+        if (c < 0 && tail_copies && tail->data_len + q->len <= room) {
+            std::memcpy(rte_pktmbuf_mtod_offset(tail, std::byte*, tail->data_len), q->payload, q->len);
+            tail->data_len = static_cast<std::uint16_t>(tail->data_len + q->len);
+            continue;
+        }
+        rte_mbuf* n = port_.alloc();
+        if (n == nullptr) return false;
+        if (c >= 0) {
+            arena.attach(n, c, q->payload, q->len);
+            tail_copies = false;
+        } else {  // a copied piece too big for the tail (lwIP split a segment into its own memory)
+            std::memcpy(rte_pktmbuf_mtod(n, void*), q->payload, q->len);
+            n->data_len = q->len;
+            tail_copies = true;
+        }
+        tail->next = n;
+        tail = n;
+        ++head->nb_segs;
+    }
+    return true;
+}
+
+void Stack::adopt_tx_chunks(tcp_pcb* pcb, std::span<const std::int32_t> chunks, std::uint32_t end_seq) {
+    assert_owner();
+    orphans_.push_back(std::make_unique<TxOrphan>(TxOrphan{this, pcb, end_seq, {chunks.begin(), chunks.end()}}));
+    TxOrphan* o = orphans_.back().get();
+    tcp_arg(pcb, o);
+    tcp_sent(pcb, &Stack::orphan_sent);
+    tcp_err(pcb, &Stack::orphan_err);
+}
+
+err_t Stack::orphan_sent(void* arg, tcp_pcb* pcb, u16_t) {
+    auto* o = static_cast<TxOrphan*>(arg);
+    if (o != nullptr && static_cast<std::int32_t>(pcb->lastack - o->end_seq) >= 0) o->stack->drop_orphan(o, true);
+    return ERR_OK;
+}
+
+void Stack::orphan_err(void* arg, err_t) {
+    auto* o = static_cast<TxOrphan*>(arg);
+    if (o != nullptr) o->stack->drop_orphan(o, false);  // the pcb is gone, and lwIP's references with it
+}
+
+void Stack::drop_orphan(TxOrphan* o, bool pcb_alive) noexcept {
+    if (pcb_alive) {
+        tcp_arg(o->pcb, nullptr);
+        tcp_sent(o->pcb, nullptr);
+        tcp_err(o->pcb, nullptr);
+    }
+    for (const std::int32_t c : o->chunks) port_.tx_arena()->release(c);
+    for (auto it = orphans_.begin(); it != orphans_.end(); ++it) {
+        if (it->get() == o) {
+            orphans_.erase(it);
+            break;
+        }
+    }
 }
 
 // Hands queued frames to the driver until it refuses; the rest wait for the next turn (RX keeps being
@@ -414,6 +508,7 @@ PoolUsage Stack::pool_usage() const {
     u.pools.emplace_back(memp_SR_RX_PBUF.stats->name, memp_SR_RX_PBUF.stats->used);
     u.heap_used = static_cast<std::uint32_t>(lwip_stats.mem.used);
     u.mbufs_in_use = port_.mbufs_in_use();
+    if (const io::TxArena* a = port_.tx_arena()) u.pools.emplace_back("TX_CHUNK", a->in_use());
     return u;
 }
 

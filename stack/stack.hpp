@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -22,6 +23,7 @@
 
 struct netif;
 struct pbuf;
+struct tcp_pcb;
 
 namespace softrdma::stack {
 
@@ -127,10 +129,29 @@ public:
     void send_owed_acks() noexcept;
     void cancel_ack(TcpConnection* conn) noexcept;
 
+    // TX chunks of a connection closed with bytes lwIP still references (TcpConnection::close): the Stack holds
+    // them until the peer acknowledges `end_seq` (the sequence number past the last of those bytes), the pcb is
+    // reset or gives up, or the Stack ends (which aborts such pcbs first). Control path (allocates a record).
+    void adopt_tx_chunks(tcp_pcb* pcb, std::span<const std::int32_t> chunks, std::uint32_t end_seq);
+
 private:
     friend struct StackAccess;
     static signed char netif_init(netif* nif);
     static signed char link_output(netif* nif, pbuf* p);
+    struct TxOrphan {
+        Stack* stack;
+        tcp_pcb* pcb;
+        std::uint32_t end_seq;
+        std::vector<std::int32_t> chunks;
+    };
+    static signed char orphan_sent(void* arg, tcp_pcb* pcb, std::uint16_t len);
+    static void orphan_err(void* arg, signed char err);
+    // Releases the orphan's chunks and forgets it; `pcb_alive`: its callbacks are cleared first.
+    void drop_orphan(TxOrphan* o, bool pcb_alive) noexcept;
+    std::vector<std::unique_ptr<TxOrphan>> orphans_;
+    bool chain_payload(rte_mbuf* head, pbuf* p, io::TxArena& arena) noexcept;
+    // Zero-copy transmit: payload pieces shorter than this are copied into the header mbuf instead.
+    static constexpr std::uint16_t kCopyBreak = 256;
     void input(rte_mbuf* m) noexcept;
     void deliver(pbuf* p) noexcept;
     void drop_tx_queue() noexcept;

@@ -80,6 +80,7 @@ TcpConnection::TcpConnection(Stack& stack, tcp_pcb* pcb, Handler* handler, bool 
 
 TcpConnection::~TcpConnection() {
     if (pcb_ != nullptr) abort();
+    release_tx_chunks(true);
     if (ack_deferred_) stack_.cancel_ack(this);
     if (CallbackScope::conn == this) CallbackScope::destroyed = true;
 }
@@ -131,6 +132,52 @@ std::size_t TcpConnection::write(std::span<const std::byte> data) noexcept {
     return write_flags(data, TCP_WRITE_FLAG_COPY);
 }
 std::size_t TcpConnection::write_ref(std::span<const std::byte> data) noexcept { return write_flags(data, 0); }
+
+std::span<std::byte> TcpConnection::tx_buffer(std::size_t max) noexcept {
+    io::TxArena* arena = stack_.port().tx_arena();
+    if (arena == nullptr || pcb_ == nullptr || tx_staged() != 0) return {};
+    max = std::min(max, io::TxArena::kUsable);
+    if (tx_count_ != 0) {
+        TxChunk& tail = tx_chunks_[(tx_head_ + tx_count_ - 1) % kTxChunks];
+        if (io::TxArena::kUsable - tx_staged_end_ >= max) return arena->bytes(tail.id).subspan(tx_staged_end_, max);
+    }
+    if (tx_count_ == kTxChunks) return {};
+    const std::int32_t id = arena->acquire();
+    if (id < 0) return {};
+    tx_chunks_[(tx_head_ + tx_count_++) % kTxChunks] = TxChunk{id, 0, false};
+    tx_pushed_end_ = tx_staged_end_ = 0;
+    return arena->bytes(id).first(max);
+}
+
+std::size_t TcpConnection::tx_push() noexcept {
+    if (tx_staged() == 0 || pcb_ == nullptr) return 0;
+    TxChunk& tail = tx_chunks_[(tx_head_ + tx_count_ - 1) % kTxChunks];
+    const std::size_t n =
+        write_ref(stack_.port().tx_arena()->bytes(tail.id).subspan(tx_pushed_end_, tx_staged()));
+    if (n != 0) {
+        tx_pushed_end_ += n;
+        tail.end_seq = pcb_->snd_lbb;
+        tail.pushed = true;
+    }
+    return n;
+}
+
+void TcpConnection::release_tx_chunks(bool all) noexcept {
+    if (tx_count_ == 0) return;
+    io::TxArena* arena = stack_.port().tx_arena();
+    const std::uint32_t acked = pcb_ != nullptr ? pcb_->lastack : 0;
+    while (tx_count_ != 0) {
+        TxChunk& c = tx_chunks_[tx_head_];
+        if (!all) {
+            if (!c.pushed || static_cast<std::int32_t>(acked - c.end_seq) < 0) break;
+            if (tx_count_ == 1 && tx_staged() != 0) break;  // the newest still holds bytes to send
+        }
+        arena->release(c.id);
+        tx_head_ = (tx_head_ + 1) % kTxChunks;
+        --tx_count_;
+    }
+    if (tx_count_ == 0) tx_pushed_end_ = tx_staged_end_ = 0;
+}
 
 std::size_t TcpConnection::send_space() const noexcept { return pcb_ != nullptr ? tcp_sndbuf(pcb_) : 0; }
 
@@ -199,7 +246,21 @@ bool TcpConnection::close() noexcept {
         attach();
         return false;
     }
-    // lwIP owns the pcb from here and frees it when the close completes.
+    // lwIP owns the pcb from here and frees it when the close completes. Staged bytes never reached it (dropped);
+    // the chunks holding bytes it took go to the Stack until they are acknowledged.
+    tx_drop_staged();
+    release_tx_chunks(false);
+    if (tx_count_ != 0) {
+        std::array<std::int32_t, kTxChunks> ids{};
+        std::uint32_t end_seq = 0;
+        unsigned n = 0;
+        for (; tx_count_ != 0; --tx_count_, tx_head_ = (tx_head_ + 1) % kTxChunks) {
+            const TxChunk& c = tx_chunks_[tx_head_];
+            ids[n++] = c.id;
+            if (c.pushed) end_seq = c.end_seq;
+        }
+        stack_.adopt_tx_chunks(pcb_, std::span<const std::int32_t>(ids).first(n), end_seq);
+    }
     pcb_ = nullptr;
     return true;
 }
@@ -211,6 +272,7 @@ void TcpConnection::abort() noexcept {
     if (CallbackScope::pcb == pcb_) CallbackScope::aborted = true;
     tcp_abort(pcb_);  // sends RST and frees the pcb
     pcb_ = nullptr;
+    release_tx_chunks(true);  // lwIP freed its references with the pcb (frames in flight hold their own)
 }
 
 void TcpConnection::consumed(std::size_t bytes) noexcept {
@@ -280,6 +342,7 @@ err_t TcpConnection::on_sent_cb(void* arg, tcp_pcb* pcb, u16_t len) {
     }
     auto* self = static_cast<TcpConnection*>(arg);
     if (self == nullptr) return ERR_OK;
+    self->release_tx_chunks(false);
     CallbackScope scope(pcb, self);
     self->handler_->on_sent(*self, len);
     return scope.result();
@@ -308,6 +371,7 @@ void TcpConnection::on_err_cb(void* arg, err_t err) {
     auto* self = static_cast<TcpConnection*>(arg);
     if (self == nullptr) return;
     self->pcb_ = nullptr;  // lwIP has freed it already
+    self->release_tx_chunks(true);
     TcpError e;
     if (err == ERR_RST) e = self->connected_ ? TcpError::reset : TcpError::refused;
     else if (err == ERR_CLSD) e = TcpError::reset;

@@ -5,6 +5,7 @@
 // Threads: every call, and every Handler callback, happens on the Stack's owner thread (see stack.hpp).
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -100,6 +101,21 @@ public:
     std::size_t write_ref(std::span<const std::byte> data) noexcept;
     std::size_t send_space() const noexcept;
     void flush() noexcept;
+
+    // ---- zero-copy transmit (the port's TX arena, io/tx_arena.hpp) ----
+    // Room to build the next bytes to send in place: `max` bytes (at most io::TxArena::kUsable) at the tail of
+    // this connection's TX chunk, or of a fresh chunk when the current one has less left. Empty when the port
+    // has no arena, no chunk is free, or bytes are still staged (push them first): send with write() then.
+    std::span<std::byte> tx_buffer(std::size_t max) noexcept;
+    // The first `n` bytes of the last tx_buffer() hold bytes to send: they are staged.
+    void tx_commit(std::size_t n) noexcept { tx_staged_end_ += n; }
+    // Hands staged bytes to lwIP by reference (no copy); returns how many it took. Fewer than staged: the send
+    // buffer or segment queue is full; push again after on_sent(). Ownership: a chunk stays this connection's
+    // until the peer has acknowledged every byte of it that lwIP took (released as ACKs arrive); after close()
+    // the Stack keeps the chunks until then (or until the connection is reset or aborted).
+    std::size_t tx_push() noexcept;
+    std::size_t tx_staged() const noexcept { return tx_staged_end_ - tx_pushed_end_; }
+    void tx_drop_staged() noexcept { tx_staged_end_ = tx_pushed_end_; }
     // Effective MSS of the connection (TCP payload octets per segment, both sides' MSS options applied);
     // 0 when closed. MPA sizes its FPDUs from it (RFC 5044 MULPDU).
     std::uint16_t mss() const noexcept;
@@ -163,6 +179,8 @@ private:
     static signed char on_connected_cb(void* arg, tcp_pcb* pcb, signed char err);
     static signed char on_poll_cb(void* arg, tcp_pcb* pcb);
     static void on_err_cb(void* arg, signed char err);
+    // TX chunks: release those the peer has acknowledged (all of them: `all`, when lwIP holds none any more).
+    void release_tx_chunks(bool all) noexcept;
 
     Stack& stack_;
     tcp_pcb* pcb_;
@@ -174,6 +192,19 @@ private:
     std::uint32_t rx_unacked_ = 0;
     std::uint64_t owed_since_tsc_ = 0;
     std::chrono::steady_clock::time_point connect_deadline_{};
+    // Zero-copy transmit: this connection's TX chunks, oldest first (a FIFO in chunks_[tx_head_ ..]); each
+    // with the sequence number just past the last byte lwIP took from it. Sizing: TCP_SND_BUF (256 KiB) spans
+    // at most 5 chunks with the one being filled; a full FIFO makes tx_buffer() say empty (copy instead).
+    struct TxChunk {
+        std::int32_t id = -1;
+        std::uint32_t end_seq = 0;
+        bool pushed = false;  // lwIP took at least one byte of it
+    };
+    static constexpr unsigned kTxChunks = 8;
+    std::array<TxChunk, kTxChunks> tx_chunks_{};
+    unsigned tx_head_ = 0, tx_count_ = 0;
+    // In the newest chunk: bytes lwIP took, and the end of the staged ones (tx_pushed_end_ <= tx_staged_end_).
+    std::size_t tx_pushed_end_ = 0, tx_staged_end_ = 0;
 };
 
 // Opens a connection; the handler hears on_connected() or on_error(refused / timed_out).

@@ -427,7 +427,7 @@ void Qp::close_for_context() noexcept {
 void Qp::end_stream(WcStatus first) noexcept {
     closing_ = true;
     if (first != WcStatus::wr_flush_err && state_ != QpState::err) fail_status_ = first;
-    tx_.drop_staged();
+    tx_.drop_staged(tcp_);
     // Flushes SQ/ORQ through on_completion / events and sends nothing: the connection ended in order (a FIN
     // either way) or was lost; a TERMINATE is for protocol errors, and siw answers one before a FIN with a reset.
     if (tx_.started() && tx_.ep().state() == rdmap::State::operational) tx_.ep().stop(mpa::kTermConnectionLost);
@@ -560,7 +560,7 @@ void Qp::tx_pump() noexcept {
     if (!tx_.started() || tcp_ == nullptr || !tcp_->open()) return;
     if (tx_.pump(*tcp_)) schedule_tx();
     // In error: once the TERMINATE is out, the connection closes (the CM does it in its poll stage).
-    if (state_ == QpState::err && !closing_ && tx_.idle()) {
+    if (state_ == QpState::err && !closing_ && tx_.idle(tcp_)) {
         closing_ = true;
         if (conn_ != nullptr) conn_->stream_failed();
     }

@@ -78,7 +78,7 @@ public:
     void end_stream(WcStatus first = WcStatus::wr_flush_err) noexcept;
     // Orderly disconnect: no new sends (SQD); tx_idle() once what was queued has reached TCP.
     void begin_drain() noexcept;
-    bool tx_idle() const noexcept { return !tx_.started() || tx_.idle(); }
+    bool tx_idle() const noexcept { return !tx_.started() || tx_.idle(tcp_); }
     // The failed-negotiation path refuses posts while it sends the RTR first (cm.cpp, rtr_before_terminate).
     void refuse_posts() noexcept { state_ = QpState::rtr; }
     // The first-FPDU guard's tools (the CM decides when, cm.cpp "The accept window"): a zero-length RDMA WRITE

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: MIT
 // The transmit half of a QP's stream (internal to verbs), the same in both threading modes, always on the
 // application thread: MPA framing (mpa::FpduTx), a tx-role rdmap::Endpoint (work requests, READ/atomic
-// responses, TERMINATEs) and a one-EMSS staging buffer that pump() moves into TCP as whole FPDUs. Its
+// responses, TERMINATEs); pump() frames whole FPDUs into the connection's TX chunk (zero-copy transmit) or,
+// without one, into a one-EMSS staging buffer that TCP copies. Its
 // rdmap::Upper is the QP (send completions, READ-response sources, the requests it framed).
 // Memory: built by start() (control path); pump() allocates nothing.
 #pragma once
@@ -40,20 +41,25 @@ public:
     // unsent segment still queued, the next FPDU not fitting the send buffer).
     bool pump(stack::TcpConnection& tcp) noexcept;
     // Nothing staged and nothing ready to frame (the send queue reached TCP, or only ORD-blocked requests remain).
-    bool idle() const noexcept { return len_ == 0 && (!ep_ || !ep_->tx_ready()); }
-    void drop_staged() noexcept { len_ = 0; }
+    // `tcp`: the stream's connection (null once it is gone), whose TX chunk may hold staged bytes.
+    bool idle(const stack::TcpConnection* tcp) const noexcept;
+    void drop_staged(stack::TcpConnection* tcp) noexcept;
     // Stream bytes handed to TCP since start().
     std::uint64_t written() const noexcept { return written_; }
 
 private:
+    void flush_lwip(stack::TcpConnection& tcp) noexcept;
     std::optional<mpa::FpduTx> fpdu_tx_;
     std::optional<rdmap::FpduFramer> framer_;
     std::optional<rdmap::Endpoint> ep_;
-    // Staging: whole FPDUs the endpoint wrote, not yet taken by TCP. Sizing: one EMSS, so one batch of FPDUs
-    // fills at most one TCP segment.
+    // Staging when no TX chunk is to be had: whole FPDUs the endpoint wrote, not yet taken by TCP. Sizing: one
+    // EMSS, so one batch of FPDUs fills at most one TCP segment (also the batch limit in a chunk).
     std::vector<std::byte> buf_;
     std::size_t off_{0};
     std::size_t len_{0};
+    // Frame in place in TX chunks (zero-copy transmit) when segments are this large (see pump()).
+    static constexpr std::uint32_t kZeroCopyMinSegment = 4096;
+    bool zero_copy_{false};
     bool gate_{false};
     std::uint64_t written_{0};
     std::uint64_t* cycles_proto_{nullptr};

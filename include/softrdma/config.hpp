@@ -84,6 +84,13 @@ struct PortConfig {
     // Set by hand it may be smaller (frames then wait for mbufs or are resent: slower, nothing lost), but not
     // below rx_descriptors + 64 (opening says so).
     std::uint32_t mbufs = 0;
+    // Zero-copy transmit: FPDUs are framed into 64 KiB chunks of DPDK memory that TCP segments and outgoing
+    // frames reference until acknowledged, instead of being copied into lwIP and again into an mbuf
+    // (io/tx_arena.hpp). Chunks in the arena; 0 = the sizing rule in io/port.cpp (32 connections with full
+    // send buffers: 192 chunks, 12 MiB); a connection that finds none free copies, as without zero-copy.
+    // Only where the driver takes chained mbufs (memif, af_packet, most NICs); false turns it off.
+    std::uint32_t tx_chunks = 0;
+    bool tx_zero_copy = true;
     // Write every frame sent and received to this pcap file (tshark/Wireshark); empty = off. Debug aid:
     // it costs a buffered file write per frame.
     std::string capture_path;
