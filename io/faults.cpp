@@ -93,17 +93,19 @@ std::uint64_t FaultInjector::next() noexcept {  // xorshift64*
 rte_mbuf* FaultInjector::corrupt(rte_mbuf* m) noexcept {
     if (m->nb_segs > 1) {
         rte_mbuf* c = rte_pktmbuf_copy(m, pool_, 0, UINT32_MAX);
-        if (c == nullptr || c->nb_segs > 1) {  // no mbuf for the copy (or it needs two): sent undamaged
-            if (c != nullptr) rte_pktmbuf_free(c);
-            return m;
-        }
+        if (c == nullptr) return m;  // no mbuf for the copy: sent undamaged
         rte_pktmbuf_free(m);
-        m = c;
+        m = c;  // direct mbufs of our pool from here: damaged in place
     }
-    const std::uint32_t len = rte_pktmbuf_data_len(m);
+    const std::uint32_t len = m->pkt_len;
     if (len <= 14) return m;
-    const std::uint32_t at = 14 + static_cast<std::uint32_t>(next() % (len - 14));
-    rte_pktmbuf_mtod(m, std::uint8_t*)[at] ^= static_cast<std::uint8_t>(1u << (next() % 8));
+    std::uint32_t at = 14 + static_cast<std::uint32_t>(next() % (len - 14));
+    rte_mbuf* seg = m;
+    while (at >= seg->data_len && seg->next != nullptr) {
+        at -= seg->data_len;
+        seg = seg->next;
+    }
+    rte_pktmbuf_mtod(seg, std::uint8_t*)[at] ^= static_cast<std::uint8_t>(1u << (next() % 8));
     bump(counters_.corrupted);
     return m;
 }

@@ -35,9 +35,13 @@ constexpr std::uint32_t kMinSpareMbufs = 64;  // a hand-sized pool: beyond a ful
 constexpr std::uint32_t kStackHeldFrames = 4096;
 
 // memif ring geometry we ask for: 2^11 slots per direction; one buffer holds a whole frame (no descriptor
-// chains) up to 9000-byte MTUs.
-constexpr unsigned kMemifLog2Ring = 11;
-unsigned memif_buffer_size(std::uint16_t mtu) { return mtu + kEthHeader > 2048 ? 10240 : 2048; }
+// chains) up to 9000-byte MTUs. Large frames (PortConfig::memif_large_frames): 64 KiB - 64 buffers (near memif.s
+// largest), 2^8 of them (16 MiB a direction: 2^9, whose 32 MiB overflow the cache, halved the bandwidth; 2^6 refused frames). Never chains: see PortConfig::memif_large_frames.
+unsigned memif_log2_ring(const PortConfig& cfg) { return cfg.memif_large_frames ? 8 : 11; }
+unsigned memif_buffer_size(const PortConfig& cfg) {
+    if (cfg.memif_large_frames) return 65472;  // 64-byte aligned, >= the largest frame (stack::kLargeSegmentMtu + 14)
+    return cfg.mtu + kEthHeader > 2048 ? 10240 : 2048;
+}
 
 // close(): how long bursts in flight may take to leave the gate, and DPDK's interrupt thread to finish a
 // memif disconnect.
@@ -71,8 +75,8 @@ DeviceArgs device_args(const PortConfig& cfg) {
                    static_cast<std::uint8_t>(cfg.memif_server ? 1 : 2)};
         return {name + ",role=" + (cfg.memif_server ? "server" : "client") + ",id=" +
                     std::to_string(cfg.memif_id) + ",socket=" + cfg.memif_socket + ",mac=" + format_mac(mac) +
-                    ",bsize=" + std::to_string(memif_buffer_size(cfg.mtu)) +
-                    ",rsize=" + std::to_string(kMemifLog2Ring),
+                    ",bsize=" + std::to_string(memif_buffer_size(cfg)) +
+                    ",rsize=" + std::to_string(memif_log2_ring(cfg)),
                 name};
     }
     case Backend::af_packet: {
@@ -104,7 +108,7 @@ std::string to_string(const MacAddress& mac) { return format_mac(mac); }
 
 Port::Port(std::uint16_t port_id, std::string name, const PortConfig& cfg)
     : port_id_(port_id), name_(std::move(name)), mtu_(cfg.mtu), memif_(cfg.backend == Backend::memif),
-      memif_client_(memif_ && !cfg.memif_server),
+      memif_client_(memif_ && !cfg.memif_server), large_frames_(memif_ && cfg.memif_large_frames),
       vdev_(cfg.backend != Backend::device || cfg.device.find(',') != std::string::npos ||
             cfg.device.rfind("net_", 0) == 0) {}
 
@@ -276,8 +280,8 @@ void Port::attach_guard(const PortConfig& cfg) {
     expect.socket = cfg.memif_socket;
     expect.server = cfg.memif_server;
     expect.id = cfg.memif_id;
-    expect.buffer_size = static_cast<std::uint16_t>(memif_buffer_size(cfg.mtu));
-    expect.log2_ring_size = kMemifLog2Ring;
+    expect.buffer_size = static_cast<std::uint16_t>(memif_buffer_size(cfg));
+    expect.log2_ring_size = static_cast<std::uint8_t>(memif_log2_ring(cfg));
     std::string why;
     if (!guard_.attach(port_id_, name_, expect, why)) {
         static std::atomic<bool> said{false};

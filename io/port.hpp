@@ -137,6 +137,9 @@ public:
     const std::string& name() const noexcept { return name_; }
     const MacAddress& mac() const noexcept { return mac_; }
     std::uint16_t mtu() const noexcept { return mtu_; }
+    bool memif() const noexcept { return memif_; }
+    // Frames up to 64 KiB fit the link whole (memif with PortConfig::memif_large_frames).
+    bool large_frames() const noexcept { return large_frames_; }
     // Largest frame (Ethernet header + MTU) one mbuf of this pool holds without chaining.
     std::uint32_t mbuf_data_room() const noexcept;
     bool link_up() const noexcept;
@@ -192,6 +195,7 @@ private:
     bool started_ = false;
     bool memif_ = false;
     bool memif_client_ = false;
+    bool large_frames_ = false;
     bool vdev_ = false;  // created on DPDK's vdev bus: removed from it when closed, so it can be opened again
     std::string device_name_;  // DPDK's device behind the port
     bool closed_ = false;

@@ -82,8 +82,18 @@ std::string PoolUsage::diff(const PoolUsage& later) const {
     return out;
 }
 
+// lwIP's TCP sanity checks are off (lwipopts.h: one assumes TCP_MSS below 16 KiB); the ones that matter:
+static_assert(TCP_SND_BUF >= 2 * TCP_MSS);
+static_assert(TCP_SND_QUEUELEN >= 2 * (TCP_SND_BUF / TCP_MSS));
+static_assert(TCP_WND >= TCP_MSS);
+static_assert(TCP_MSS == kLargeSegmentMss && kLargeSegmentMss <= io::TxArena::kUsable);
+// A large segment's frame, Ethernet header included, fits a pbuf chain's 16-bit length and one memif buffer of
+// a large-frame port (io/port.cpp, memif_buffer_size: 65472).
+static_assert(kLargeSegmentMtu + 14 <= 65472);
+
 Stack::Stack(io::Port& port, const StackConfig& cfg)
-    : port_(port), cfg_(cfg), netif_(std::make_unique<netif>()), owner_(std::this_thread::get_id()) {
+    : port_(port), large_segments_(cfg.large_segments && port.large_frames() && !cfg.rx_external), cfg_(cfg),
+      netif_(std::make_unique<netif>()), owner_(std::this_thread::get_id()) {
     if (g_stack != nullptr) throw std::logic_error("one softrdma::stack::Stack per process (lwIP is global)");
     static bool lwip_ready = false;
     if (!lwip_ready) {
@@ -108,7 +118,8 @@ Stack::Stack(io::Port& port, const StackConfig& cfg)
     tsc_per_ms_ = std::max<std::uint64_t>(1, rte_get_timer_hz() / 1000);
     ack_delay_tsc_ = std::max<std::uint64_t>(1, rte_get_timer_hz() / 1000000 * kAckDelayUs);
     next_timer_tsc_ = rte_get_timer_cycles() + tsc_per_ms_;
-    log::info("stack {} on {} (MTU {})", cfg.ip.address.str(), port.name(), port.mtu());
+    log::info("stack {} on {} (MTU {}{})", cfg.ip.address.str(), port.name(), port.mtu(),
+              large_segments_ ? ", TCP segments up to " + std::to_string(kLargeSegmentMss) + " bytes" : std::string());
 }
 
 Stack::~Stack() {
@@ -127,6 +138,8 @@ Stack::~Stack() {
     g_stack = nullptr;
 }
 
+std::uint32_t Stack::wire_mss() const noexcept { return port_.mtu() - 40u; }
+
 void Stack::assert_owner() const noexcept {
     assert(std::this_thread::get_id() == owner_ && "lwIP used from a thread that does not own the stack");
 }
@@ -135,7 +148,7 @@ signed char Stack::netif_init(netif* nif) {
     auto* self = static_cast<Stack*>(nif->state);
     nif->name[0] = 's';
     nif->name[1] = 'r';
-    nif->mtu = self->port_.mtu();
+    nif->mtu = static_cast<u16_t>(self->large_segments_ ? kLargeSegmentMtu : self->port_.mtu());
     nif->hwaddr_len = ETH_HWADDR_LEN;
     std::copy(self->port_.mac().begin(), self->port_.mac().end(), nif->hwaddr);
     nif->flags = NETIF_FLAG_BROADCAST | NETIF_FLAG_ETHARP | NETIF_FLAG_ETHERNET | NETIF_FLAG_LINK_UP;
@@ -161,7 +174,8 @@ signed char Stack::link_output(netif* nif, pbuf* p) {
     auto* self = static_cast<Stack*>(nif->state);
     io::TxArena* arena = self->port_.tx_arena();
     const bool chained = arena != nullptr && p->next != nullptr && arena->find(p->next->payload) >= 0;
-    if (!chained && p->tot_len > self->port_.mbuf_data_room()) {
+    const bool linear = !chained && p->tot_len <= self->port_.mbuf_data_room();
+    if (!chained && !linear && !self->large_segments_) {
         ++self->counters_.tx_dropped;
         return ERR_IF;
     }
@@ -176,8 +190,11 @@ signed char Stack::link_output(netif* nif, pbuf* p) {
         ++self->counters_.tx_deferred;
         return ERR_MEM;
     }
-    if (chained) {
-        if (!self->chain_payload(m, p, *arena)) {
+    if (chained || !linear) {
+        // (a first pbuf too big for one mbuf: lwIP appended our bytes to a segment it copied; copy it all)
+        const bool ok = chained && p->len <= self->port_.mbuf_data_room() ? self->chain_payload(m, p, *arena)
+                                                                           : self->copy_chain(m, p);
+        if (!ok) {
             rte_pktmbuf_free(m);
             ++self->counters_.tx_deferred;
             return ERR_MEM;
@@ -192,7 +209,28 @@ signed char Stack::link_output(netif* nif, pbuf* p) {
     return ERR_OK;
 }
 
-// Builds the zero-copy frame in `head` (a fresh mbuf): p's first pbuf (the headers lwIP wrote) copied, each
+// A large segment lwIP copied (its bytes in lwIP's memory): into as many mbufs as it takes. False when out of
+// mbufs (the caller frees `head` and what was chained to it).
+bool Stack::copy_chain(rte_mbuf* head, pbuf* p) noexcept {
+    const std::uint32_t room = port_.mbuf_data_room();
+    std::uint32_t off = 0;
+    rte_mbuf* tail = head;
+    head->pkt_len = p->tot_len;
+    for (;;) {
+        const auto n = static_cast<std::uint16_t>(std::min<std::uint32_t>(room, p->tot_len - off));
+        pbuf_copy_partial(p, rte_pktmbuf_mtod(tail, void*), n, static_cast<u16_t>(off));
+        tail->data_len = n;
+        off += n;
+        if (off == p->tot_len) return true;
+        rte_mbuf* next = port_.alloc();
+        if (next == nullptr) return false;
+        tail->next = next;
+        tail = next;
+        ++head->nb_segs;
+    }
+}
+
+// Builds the zero-copy frame in `head` (a fresh mbuf): p's first pbuf (the headers lwIP wrote; it fits) copied, each
 // further pbuf attached from the arena, or copied when small or not arena memory. False when out of mbufs
 // (the caller frees `head`, which frees what was chained to it).
 bool Stack::chain_payload(rte_mbuf* head, pbuf* p, io::TxArena& arena) noexcept {
@@ -499,6 +537,24 @@ std::string Stack::protocol_counters() const {
            std::to_string(t.drop) + " memerr=" + std::to_string(t.memerr) + " chkerr=" + std::to_string(t.chkerr) +
            " proterr=" + std::to_string(t.proterr) + " ip drop=" + std::to_string(lwip_stats.ip.drop) +
            " link drop=" + std::to_string(lwip_stats.link.drop);
+}
+
+std::string Stack::describe_active_pcbs() const {
+    std::string out;
+    for (const tcp_pcb* p = tcp_active_pcbs; p != nullptr; p = p->next) {
+        unsigned unsent = 0, unacked = 0;
+        for (const tcp_seg* s = p->unsent; s != nullptr; s = s->next) ++unsent;
+        for (const tcp_seg* s = p->unacked; s != nullptr; s = s->next) ++unacked;
+        out += std::string(out.empty() ? "" : "; ") + tcp_debug_state_str(p->state) + " " +
+               std::to_string(p->local_port) + "->" + std::to_string(p->remote_port) + " unsent " +
+               std::to_string(unsent) + " unacked " + std::to_string(unacked) + " in flight " +
+               std::to_string(p->snd_nxt - p->lastack) + " queued " + std::to_string(p->snd_lbb - p->lastack) +
+               " nrtx " + std::to_string(p->nrtx) + " rto " + std::to_string(p->rto) + " snd_wnd " +
+               std::to_string(p->snd_wnd) + " cwnd " + std::to_string(p->cwnd) + " persist " +
+               std::to_string(p->persist_backoff) + " flags 0x" + std::to_string(p->flags) +
+               (p->callback_arg != nullptr ? " (callbacks set)" : "");
+    }
+    return out;
 }
 
 PoolUsage Stack::pool_usage() const {

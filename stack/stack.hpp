@@ -45,7 +45,18 @@ struct StackConfig {
     bool tcp_checksums = true;
     // Cost accounting: cycles in the driver calls (rx/tx burst) and in poll()/flush_tx() as a whole.
     bool count_cycles = false;
+    // Large segments (a port with large_frames(), lwIP reading it itself: not with rx_external): TCP segments of up to
+    // kLargeSegmentMss bytes go over the link as one frame, as the kernel's veth carries GSO/GRO
+    // super-frames. The netif MTU is then kLargeSegmentMtu and the SYN advertises that MSS; a peer that
+    // advertises less (an RX-thread process, another memif application) gets segments of its size. Protocols
+    // above frame for wire_mss() (the port's MTU) still. Ignored on other backends.
+    bool large_segments = false;
 };
+
+// Large segments: TCP payload bytes per segment (lwipopts.h TCP_MSS): within a TX chunk (io::TxArena::kUsable), and
+// the whole frame (+ 54 bytes of headers) within a 64-byte aligned memif buffer of 65472 bytes.
+inline constexpr std::uint32_t kLargeSegmentMss = 65408;
+inline constexpr std::uint32_t kLargeSegmentMtu = kLargeSegmentMss + 40;
 
 struct StackCycles {
     std::uint64_t io = 0;     // inside rx_burst / tx_burst
@@ -107,6 +118,9 @@ public:
     std::uint64_t queued_bytes() const noexcept;
 
     PoolUsage pool_usage() const;
+    // One line per active pcb (state, ports, bytes queued and in flight, retransmissions, window): for a test
+    // that finds a connection still open when it should have ended.
+    std::string describe_active_pcbs() const;
     // lwIP's TCP/IP counters in one line (xmit, recv, drop, memerr, checksum and protocol errors).
     std::string protocol_counters() const;
     const StackCounters& counters() const noexcept { return counters_; }
@@ -114,6 +128,10 @@ public:
     // Forgets cycles counted since `earlier` (an idle polling turn is waiting, not work).
     void rewind_cycles(const StackCycles& earlier) noexcept { cycles_ = earlier; }
     io::Port& port() noexcept { return port_; }
+    // TCP payload bytes per segment on the port's MTU (MTU - 40): what an FPDU is sized for, whatever segments
+    // carry it (large segments).
+    std::uint32_t wire_mss() const noexcept;
+    bool large_segments() const noexcept { return large_segments_; }
     Ipv4 address() const noexcept { return cfg_.ip.address; }
 
     // Debug builds: aborts unless called on the owner thread.
@@ -150,6 +168,7 @@ private:
     void drop_orphan(TxOrphan* o, bool pcb_alive) noexcept;
     std::vector<std::unique_ptr<TxOrphan>> orphans_;
     bool chain_payload(rte_mbuf* head, pbuf* p, io::TxArena& arena) noexcept;
+    bool copy_chain(rte_mbuf* head, pbuf* p) noexcept;
     // Zero-copy transmit: payload pieces shorter than this are copied into the header mbuf instead.
     static constexpr std::uint16_t kCopyBreak = 256;
     void input(rte_mbuf* m) noexcept;
@@ -158,6 +177,7 @@ private:
     void retry_time_wait_acks() noexcept;
 
     io::Port& port_;
+    bool large_segments_ = false;
     StackConfig cfg_;
     std::unique_ptr<netif> netif_;
     std::thread::id owner_;

@@ -85,9 +85,13 @@ TcpConnection::~TcpConnection() {
     if (CallbackScope::conn == this) CallbackScope::destroyed = true;
 }
 
+std::uint32_t TcpConnection::stretch_bytes() const noexcept {
+    return std::min<std::uint32_t>(kStretchSegments * static_cast<std::uint32_t>(tcp_mss(pcb_)), kStretchMaxBytes);
+}
+
 bool TcpConnection::send_deferred_ack(std::uint64_t tsc, std::uint64_t delay_tsc) noexcept {
     if (pcb_ != nullptr && (pcb_->flags & TF_ACK_DELAY) != 0) {
-        const bool due = tsc == 0 || rx_unacked_ >= kStretchSegments * static_cast<std::uint32_t>(tcp_mss(pcb_)) ||
+        const bool due = tsc == 0 || rx_unacked_ >= stretch_bytes() ||
                          tsc - owed_since_tsc_ >= delay_tsc;
         if (!due) return false;
         tcp_ack_now(pcb_);
@@ -120,8 +124,11 @@ std::size_t TcpConnection::write_flags(std::span<const std::byte> data, std::uin
     if (pcb_ == nullptr) return 0;
     std::size_t done = 0;
     while (done < data.size()) {
-        // tcp_write takes at most 64 KiB - 1 per call, and at most the free send buffer.
-        const std::size_t n = std::min<std::size_t>({data.size() - done, tcp_sndbuf(pcb_), 0xffff});
+        // tcp_write takes at most 64 KiB - 1 per call, and at most the free send buffer. A copy goes in pieces
+        // of at most TCP_COPY_WRITE_MAX: lwIP allocates one pbuf per piece from the heap pools (lwippools.h),
+        // whose largest holds that much; with large segments (MSS 64 KiB) one call would ask for more.
+        const std::size_t cap = (flags & TCP_WRITE_FLAG_COPY) != 0 ? TCP_COPY_WRITE_MAX : 0xffff;
+        const std::size_t n = std::min<std::size_t>({data.size() - done, tcp_sndbuf(pcb_), cap});
         if (n == 0 || tcp_write(pcb_, data.data() + done, static_cast<u16_t>(n), flags) != ERR_OK) break;
         done += n;
     }
@@ -313,7 +320,7 @@ err_t TcpConnection::on_recv_cb(void* arg, tcp_pcb* pcb, pbuf* p, err_t) {
             // acknowledged, not ACKs (on_sent_cb).
             if (self->rx_unacked_ == 0) self->owed_since_tsc_ = rte_get_timer_cycles();
             self->rx_unacked_ += len;
-            if (self->rx_unacked_ >= kStretchSegments * static_cast<std::uint32_t>(tcp_mss(pcb))) {
+            if (self->rx_unacked_ >= self->stretch_bytes()) {
                 tcp_ack_now(pcb);  // due: tcp_input sends it when this callback returns
                 self->rx_unacked_ = 0;
                 return scope.result();

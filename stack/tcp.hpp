@@ -188,7 +188,11 @@ private:
     bool connected_;
     bool ack_deferred_ = false;  // in the Stack's end-of-turn ACK list
     // Stretch ACKs: bytes received since our last ACK, and when the first of them came (TSC).
+    // At most this many bytes: with large segments (64 KiB) 8 segments would be twice the sender's send buffer
+    // (TCP_SND_BUF, 256 KiB), and the sender would wait for the delayed ACK every time.
     static constexpr unsigned kStretchSegments = 8;
+    static constexpr std::uint32_t kStretchMaxBytes = 128 * 1024;
+    std::uint32_t stretch_bytes() const noexcept;
     std::uint32_t rx_unacked_ = 0;
     std::uint64_t owed_since_tsc_ = 0;
     std::chrono::steady_clock::time_point connect_deadline_{};

@@ -472,8 +472,11 @@ void Qp::release_first_fpdu() noexcept {
 
 void Qp::start_stream(stack::TcpConnection& tcp, const mpa::Agreed& agreed, const StreamParams& p) {
     tcp_ = &tcp;
+    // FPDUs are sized for the link's MTU (MULPDU from EMSS, RFC 5044); a segment may carry several of them
+    // (large segments, stack::StackConfig), never less than one.
     const std::uint32_t mss = tcp.mss();
-    const std::uint32_t emss = mss != 0 ? mss : 536;
+    const std::uint32_t segment = mss != 0 ? mss : 536;
+    const std::uint32_t emss = std::min(segment, tcp.stack().wire_mss());
     Engine::Prof* prof = engine_.prof();
     rdmap::Config ecfg{.sq_depth = cap_.max_send_wr + 2 /* + the RTR and a first-FPDU nudge */, .ird = agreed.ird,
                        .ord = agreed.ord, .answered = &answered_, .rfc7306 = p.rfc7306,
@@ -481,7 +484,7 @@ void Qp::start_stream(stack::TcpConnection& tcp, const mpa::Agreed& agreed, cons
     answered_.store(0, std::memory_order_relaxed);
     // The receive half runs on this thread until a handover to the RX thread (on_marker): it reports to the QP.
     rx_->start(agreed, ecfg, *this, engine_.placed_bytes(), prof != nullptr ? &prof->ep_rx : nullptr);
-    tx_.start(*this, agreed, emss, ecfg, prof != nullptr ? &prof->framer : nullptr,
+    tx_.start(*this, agreed, emss, segment, ecfg, prof != nullptr ? &prof->framer : nullptr,
               prof != nullptr ? &prof->proto_tx : nullptr, prof != nullptr ? &prof->lwip_tx : nullptr);
     tx_.set_gate((!p.initiator && agreed.responder_waits_for_first_fpdu) || (p.initiator && p.hold_first));
     rx_started_ = false;

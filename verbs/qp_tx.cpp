@@ -8,7 +8,8 @@
 
 namespace softrdma::verbs::detail {
 
-void TxHalf::start(rdmap::Upper& upper, const mpa::Agreed& agreed, std::uint32_t emss, const rdmap::Config& cfg,
+void TxHalf::start(rdmap::Upper& upper, const mpa::Agreed& agreed, std::uint32_t emss, std::uint32_t segment,
+                   const rdmap::Config& cfg,
                    std::uint64_t* cycles_framer, std::uint64_t* cycles_proto, std::uint64_t* cycles_lwip) {
     ep_.reset();
     framer_.reset();
@@ -18,24 +19,28 @@ void TxHalf::start(rdmap::Upper& upper, const mpa::Agreed& agreed, std::uint32_t
     if (cycles_framer != nullptr) ep_->count_cycles(nullptr, cycles_framer);
     cycles_proto_ = cycles_proto;
     cycles_lwip_ = cycles_lwip;
-    buf_.assign(std::max<std::uint32_t>(emss, 64), std::byte{0});
+    buf_.assign(std::max<std::uint32_t>(std::min(segment, kCopyBatchMax), 64), std::byte{0});
+    batch_ = std::max<std::uint32_t>(segment, 64);
     off_ = len_ = 0;
-    zero_copy_ = emss >= kZeroCopyMinSegment;
+    zero_copy_ = segment >= kZeroCopyMinSegment;
     gate_ = false;
     written_ = 0;
 }
 
-// Keeping FPDUs whole on the wire: each batch pulled from the endpoint is whole FPDUs totalling at most one EMSS
-// (MULPDU makes every FPDU fit), and a batch is handed to lwIP only when lwIP holds no unsent segment
+// Keeping FPDUs whole on the wire: each batch pulled from the endpoint is whole FPDUs totalling at most one segment
+// (MULPDU makes every FPDU fit in the link's MSS, and a large segment holds many), and a batch is handed to lwIP only when lwIP holds no unsent segment
 // (TcpConnection::tx_segment_boundary), so lwIP starts a new segment with it instead of appending it to a partly
 // filled one. One batch = one segment. A batch lwIP takes only in part (its send buffer or segment pool full) is
 // finished first; that is the one case where an FPDU may straddle two segments, and the peer's deframer accepts
 // any cut.
 // Where the batch is built: in place in the connection's TX chunk (zero-copy transmit: the one TX copy, gather +
 // CRC, then lwIP and the frame reference those bytes), or, when the port has no TX arena or no chunk is free,
-// in buf_, which lwIP copies (and the frame again). In place only for segments of kZeroCopyMinSegment or more:
-// below, the frame's second mbuf and the chunk's reference counting cost more than the copies they save
-// (64 KiB WRITE at MTU 1500, memif, A/B in one sitting: in place ~5-10 % slower; at MTU 9000 ~45 % faster).
+// in buf_, which lwIP copies (and the frame again). In place only for segments of kZeroCopyMinSegment or more,
+// i.e. large segments (stack::StackConfig::large_segments). At MTU 1500 the frame's second mbuf and the chunk's
+// reference counting cost more than the copies they save (64 KiB WRITE, memif, A/B in one sitting: in place
+// ~5-10 % slower). At MTU 9000 in place was faster (+4 to +47 % in pairs), but with the RX thread at both ends
+// and 1 % faults a connection's close stalled in about one run in five (the last segment never acknowledged;
+// not yet understood): off there until it is.
 bool TxHalf::pump(stack::TcpConnection& tcp) noexcept {
     if (!ep_) return false;
     bool wrote = false, again = false;
@@ -68,10 +73,10 @@ bool TxHalf::pump(stack::TcpConnection& tcp) noexcept {
             again = true;  // an unsent segment is queued: start the next batch once it is out
             break;
         }
-        const std::size_t room = std::min(buf_.size(), tcp.send_space());
-        std::span<std::byte> out = zero_copy_ ? tcp.tx_buffer(room) : std::span<std::byte>();
+        const std::size_t space = tcp.send_space();
+        std::span<std::byte> out = zero_copy_ ? tcp.tx_buffer(std::min(batch_, space)) : std::span<std::byte>();
         const bool in_place = !out.empty();
-        if (!in_place) out = std::span<std::byte>(buf_).first(room);
+        if (!in_place) out = std::span<std::byte>(buf_).first(std::min(buf_.size(), space));
         const std::uint64_t t0 = cycles_proto_ != nullptr ? cycles_now() : 0;
         const std::size_t n = ep_->pull_tx(out);
         if (cycles_proto_ != nullptr) *cycles_proto_ += cycles_now() - t0;

@@ -26,7 +26,9 @@ namespace softrdma::verbs::detail {
 class TxHalf {
 public:
     // A new stream (control path). `cycles_framer` / `cycles_proto` / `cycles_lwip` (null = off): layer accounting.
-    void start(rdmap::Upper& upper, const mpa::Agreed& agreed, std::uint32_t emss, const rdmap::Config& cfg,
+    // `emss`: what FPDUs are sized for; `segment`: the TCP segment size (the batch of FPDUs pump() hands over).
+    void start(rdmap::Upper& upper, const mpa::Agreed& agreed, std::uint32_t emss, std::uint32_t segment,
+               const rdmap::Config& cfg,
                std::uint64_t* cycles_framer, std::uint64_t* cycles_proto, std::uint64_t* cycles_lwip);
     bool started() const noexcept { return ep_.has_value(); }
     rdmap::Endpoint& ep() noexcept { return *ep_; }
@@ -53,12 +55,15 @@ private:
     std::optional<rdmap::FpduFramer> framer_;
     std::optional<rdmap::Endpoint> ep_;
     // Staging when no TX chunk is to be had: whole FPDUs the endpoint wrote, not yet taken by TCP. Sizing: one
-    // EMSS, so one batch of FPDUs fills at most one TCP segment (also the batch limit in a chunk).
+    // segment, so one batch of FPDUs fills at most one TCP segment, and at most kCopyBatchMax (lwIP copies in
+    // pieces its heap pools hold; a large segment is then built from several batches).
+    static constexpr std::uint32_t kCopyBatchMax = 8960;
     std::vector<std::byte> buf_;
+    std::size_t batch_{0};  // one segment: the most a batch framed in a TX chunk holds
     std::size_t off_{0};
     std::size_t len_{0};
-    // Frame in place in TX chunks (zero-copy transmit) when segments are this large (see pump()).
-    static constexpr std::uint32_t kZeroCopyMinSegment = 4096;
+    // Frame in place in TX chunks (zero-copy transmit) when segments are this large (see pump()): large segments.
+    static constexpr std::uint32_t kZeroCopyMinSegment = 16384;
     bool zero_copy_{false};
     bool gate_{false};
     std::uint64_t written_{0};

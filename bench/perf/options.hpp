@@ -73,6 +73,8 @@ struct Options {
     std::uint16_t mtu{1500};
     bool no_huge{false};
     bool crc{false};
+    // memif in run-to-completion: TCP segments up to 64 KiB (verbs::ContextConfig::large_segments; off by default)
+    bool large_segments{false};
     bool layers{false};  // print where the client's cycles went, by layer (verbs::LayerCycles; rtc only)
     std::string cpu;            // local: "A,B" (server core, client core); server/client: "N"
     std::string json;           // write the run as JSON here

@@ -53,9 +53,13 @@
 #define ETHARP_SUPPORT_STATIC_ENTRIES   1
 
 /* ---- TCP ---------------------------------------------------------------------------------------- */
-/* MSS for a 9000-byte MTU (9000 - 20 IP - 20 TCP); with TCP_CALCULATE_EFF_SEND_MSS the MSS actually
- * advertised and used is capped by the netif MTU (1460 at MTU 1500). */
-#define TCP_MSS                         8960
+/* The largest segment lwIP may build or accept: the large segments of memif's large-frame mode
+ * (stack::StackConfig::large_segments, stack::kLargeSegmentMss: the netif MTU is then 65448). TCP_CALCULATE_
+ * EFF_SEND_MSS caps the MSS actually advertised and used by the netif MTU: 1460 at MTU 1500, 8960 at 9000.
+ * Segments lwIP copies (tcp_write with copy) are written in pieces of at most TCP_COPY_WRITE_MAX bytes
+ * (stack/tcp.cpp), which the heap pools in lwippools.h hold. */
+#define TCP_MSS                         65408
+#define TCP_COPY_WRITE_MAX              8960
 #define TCP_CALCULATE_EFF_SEND_MSS      1
 /* Window scaling: a 1 MiB receive window (scale 5 allows up to 2 MiB). */
 #define LWIP_WND_SCALE                  1
@@ -68,14 +72,23 @@
 /* Segments a pcb may queue: TCP_SND_BUF at the smallest useful MSS (536) x2 for partial segments. */
 #define TCP_SND_QUEUELEN                ((2u * TCP_SND_BUF) / 536u)
 /* Send-space threshold for "writable again"; lwIP requires it 4 MSS below 64 KiB. */
-#define TCP_SNDLOWAT                    (0xffffu - 4u * TCP_MSS - 1u)
+/* Used by lwIP's netconn API only (not compiled here); its sanity check assumes TCP_MSS below 16 KiB, which
+ * is why LWIP_DISABLE_TCP_SANITY_CHECKS is set: the checks that matter hold (TCP_SND_BUF >= 2 * TCP_MSS,
+ * TCP_SND_QUEUELEN >= 2 * TCP_SND_BUF / TCP_MSS, TCP_WND >= TCP_MSS; static_asserts in stack/stack.cpp). */
+#define TCP_SNDLOWAT                    (TCP_SND_BUF / 2u)
+#define LWIP_DISABLE_TCP_SANITY_CHECKS  1
 #define TCP_SNDQUEUELOWAT               (TCP_SND_QUEUELEN / 2u)
 #define TCP_QUEUE_OOSEQ                 1
 /* Out-of-order data holds RX frames (and so DPDK mbufs): bound it per pcb so one lossy connection cannot
  * starve the mbuf pool. 256 pbufs >= a quarter of a 1 MiB window of 1460-byte segments. */
 #define TCP_OOSEQ_MAX_PBUFS             256
 #define TCP_OOSEQ_MAX_BYTES             (TCP_WND / 2u)
-#define TCP_OVERSIZE                    TCP_MSS
+/* Room lwIP may allocate ahead in a copied segment (only with TCP_WRITE_FLAG_MORE or Nagle, neither used):
+ * at most one copy piece. */
+#define TCP_OVERSIZE                    TCP_COPY_WRITE_MAX
+/* A window update is sent once the window grew by this much (lwIP's default would follow TCP_MSS up to
+ * 256 KiB): as with an MSS of 8960. */
+#define TCP_WND_UPDATE_THRESHOLD        (4u * 8960u)
 #define LWIP_TCP_TIMESTAMPS             0
 #define LWIP_TCP_SACK_OUT               0
 #define TCP_LISTEN_BACKLOG              0

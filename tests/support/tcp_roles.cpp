@@ -168,6 +168,7 @@ struct StreamSource : TcpConnection::Handler {
 // Waits for every connection to finish closing, drops TIME_WAIT, and compares pools with the start.
 int finish_checks(stack::Stack& stack, io::Port& port, const stack::PoolUsage& baseline, int rc) {
     stack.run_until([&] { return stack.active_pcbs() == 0; }, 10s);
+    const std::string still_open = stack.describe_active_pcbs();
     // A little longer: the last ACK of the peer's close must go out.
     stack.run_until([] { return false; }, 20ms);
     // With fault injection that ACK may be lost, and the peer, in LAST_ACK, resends its FIN until answered: stay
@@ -180,6 +181,7 @@ int finish_checks(stack::Stack& stack, io::Port& port, const stack::PoolUsage& b
     const std::string diff = baseline.diff(stack.pool_usage());
     if (!diff.empty()) {
         report("pools not back to start: " + diff);
+        if (!still_open.empty()) report("still open after 10 s: " + still_open);
         rc = rc == 0 ? 3 : rc;
     } else {
         report("pools back to start");

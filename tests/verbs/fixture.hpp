@@ -44,6 +44,8 @@ inline threading::ThreadingConfig test_threading() {
 // TCP checksums on in every Peer made from here on (memif leaves them off by default; both ends must agree):
 // set before forking the roles.
 inline bool g_checksums_on = false;
+// ContextConfig::large_segments for the Peers of the next run (set in the parent before the roles fork).
+inline bool g_large_segments = false;
 
 // What each side tells the other in its MPA private data: one region.
 struct RemoteRegion {
@@ -92,6 +94,7 @@ struct Peer {
         cc.max_mr = 64;
         cc.max_qp = 8;
         if (g_checksums_on) cc.tcp_checksums = verbs::ContextConfig::Checksums::on;
+        cc.large_segments = g_large_segments;
         // A capture and the layer accounting need run-to-completion mode.
         cc.layer_cycles = cfg.stack.count_cycles;
         if (cfg.port.capture_path.empty() && !cc.layer_cycles) cc.threading = test_threading();

@@ -201,7 +201,14 @@ TEST_CASE("1 GiB of WRITEs with content check", "[verbs][memif][tsan-slow]") {
     check_outcomes(run_pair(server, client));
 }
 
-TEST_CASE("every TCP segment carries whole FPDUs (client capture, both directions)", "[verbs][memif]") {
+namespace {
+
+// Runs the FPDU-alignment exchange below with ContextConfig::large_segments = `large` and walks the client's
+// capture; returns (data segments, FPDUs, segments not whole FPDUs, largest FPDU).
+struct SegmentWalk {
+    std::size_t segments = 0, fpdus = 0, cut = 0, largest_fpdu = 0;
+};
+SegmentWalk walk_fpdu_exchange(bool large) {
     const std::string pcap = "/tmp/" + unique_name("verbs-fpdu-") + ".pcap";
     auto server = [](const PeerConfig& cfg) {
         Peer p(cfg, 1 << 20, kAll);
@@ -236,14 +243,17 @@ TEST_CASE("every TCP segment carries whole FPDUs (client capture, both direction
         }
         return p.end(0);
     };
-    check_outcomes(run_pair(server, client));
+    g_large_segments = large;
+    const auto outcome = run_pair(server, client);
+    g_large_segments = false;
+    check_outcomes(outcome);
 
     // Walk every TCP segment with payload: after each direction's first one (the MPA Request / Reply), a
     // segment must hold whole FPDUs: its length fields chain exactly to its end.
     const auto frames = wire::read_capture(pcap);
     std::filesystem::remove(pcap);
     std::map<std::uint16_t, int> seen;  // source port -> data segments so far
-    std::size_t fpdus = 0, segments = 0, cut = 0;
+    SegmentWalk w;
     for (const auto& f : frames) {
         const auto& b = f.bytes;
         if (b.size() < 54 || b[12] != 0x08 || b[13] != 0x00 || b[23] != 6) continue;  // IPv4 TCP only
@@ -256,16 +266,43 @@ TEST_CASE("every TCP segment carries whole FPDUs (client capture, both direction
         if (len == 0) continue;
         const std::uint16_t sport = static_cast<std::uint16_t>((b[tcp] << 8) | b[tcp + 1]);
         if (seen[sport]++ == 0) continue;  // the MPA frame
-        ++segments;
+        ++w.segments;
         const std::uint8_t* pl = b.data() + tcp + doff;
         std::size_t off = 0;
         while (off + 2 <= len) {
-            off += mpa::fpdu_size_unmarked((pl[off] << 8) | pl[off + 1]);
-            ++fpdus;
+            const std::size_t fpdu = mpa::fpdu_size_unmarked((pl[off] << 8) | pl[off + 1]);
+            w.largest_fpdu = std::max(w.largest_fpdu, fpdu);
+            off += fpdu;
+            ++w.fpdus;
         }
-        if (off != len) ++cut;
+        if (off != len) ++w.cut;
     }
-    INFO(segments << " data segments, " << fpdus << " FPDUs, " << cut << " segments not whole FPDUs");
-    CHECK(segments > 400);
-    CHECK(cut == 0);
+    return w;
+}
+
+}  // namespace
+TEST_CASE("every TCP segment carries whole FPDUs (client capture, both directions)", "[verbs][memif]") {
+    // MTU-sized segments (large segments off): one batch of FPDUs per segment.
+    const SegmentWalk w = walk_fpdu_exchange(false);
+    INFO(w.segments << " data segments, " << w.fpdus << " FPDUs, " << w.cut << " segments not whole FPDUs");
+    CHECK(w.segments > 400);
+    CHECK(w.cut == 0);
+    CHECK(w.largest_fpdu <= 1460);
+}
+
+TEST_CASE("large segments: up to 64 KiB of whole FPDUs per segment, each FPDU still sized for MTU 1500",
+          "[verbs][memif]") {
+    const SegmentWalk w = walk_fpdu_exchange(true);
+    INFO(w.segments << " data segments, " << w.fpdus << " FPDUs, " << w.cut << " segments not whole FPDUs, largest FPDU "
+                    << w.largest_fpdu);
+    CHECK(w.cut == 0);
+    CHECK(w.largest_fpdu <= 1460);  // MULPDU from the port's MTU, not from the 64 KiB segment
+    if (test_threading().mode == ThreadingMode::rx_thread) {
+        // The server (no capture: RX-thread mode) takes MTU-sized frames only: its MSS option says 1460, and the
+        // client, which could send large segments, follows it.
+        CHECK(w.segments > 400);
+    } else {
+        CHECK(w.fpdus >= 10 * w.segments);  // many FPDUs per segment (the 256 KiB WRITEs: ~44)
+        CHECK(w.segments > 40);
+    }
 }
