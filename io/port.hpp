@@ -137,7 +137,6 @@ public:
     const std::string& name() const noexcept { return name_; }
     const MacAddress& mac() const noexcept { return mac_; }
     std::uint16_t mtu() const noexcept { return mtu_; }
-    bool memif() const noexcept { return memif_; }
     // Frames up to 64 KiB fit the link whole (memif with PortConfig::memif_large_frames).
     bool large_frames() const noexcept { return large_frames_; }
     // Largest frame (Ethernet header + MTU) one mbuf of this pool holds without chaining.

@@ -10,7 +10,7 @@
 
 namespace softrdma::io {
 
-TxArena::TxArena(std::uint32_t chunks, int socket) : count_(chunks), shinfo_(chunks), held_(chunks, false) {
+TxArena::TxArena(std::uint32_t chunks, int socket) : count_(chunks), shinfo_(chunks) {
     base_ = static_cast<std::byte*>(
         rte_malloc_socket("softrdma_tx_arena", static_cast<std::size_t>(chunks) * kChunkSize, kChunkSize, socket));
     if (base_ == nullptr)
@@ -35,15 +35,12 @@ std::int32_t TxArena::acquire() noexcept {
     const std::int32_t c = free_.back();
     free_.pop_back();
     rte_mbuf_ext_refcnt_set(&shinfo_[static_cast<std::size_t>(c)], 1);
-    held_[static_cast<std::size_t>(c)] = true;
     ++acquired_;
     return c;
 }
 
 void TxArena::release(std::int32_t chunk) noexcept {
-    const auto i = static_cast<std::size_t>(chunk);
-    held_[i] = false;
-    if (rte_mbuf_ext_refcnt_update(&shinfo_[i], -1) == 0) put(chunk);
+    if (rte_mbuf_ext_refcnt_update(&shinfo_[static_cast<std::size_t>(chunk)], -1) == 0) put(chunk);
 }
 
 void TxArena::attach(rte_mbuf* m, std::int32_t chunk, void* p, std::uint16_t len) noexcept {
@@ -54,13 +51,6 @@ void TxArena::attach(rte_mbuf* m, std::int32_t chunk, void* p, std::uint16_t len
     rte_pktmbuf_attach_extbuf(m, p, iova_ == RTE_BAD_IOVA ? RTE_BAD_IOVA : iova_ + off, len, sh);
     m->data_len = len;
     m->pkt_len = len;
-}
-
-std::uint32_t TxArena::held_by_frames() const noexcept {
-    std::uint32_t n = 0;
-    for (std::uint32_t i = 0; i < count_; ++i)
-        if (!held_[i] && rte_mbuf_ext_refcnt_read(&shinfo_[i]) != 0) ++n;
-    return n;
 }
 
 // The last mbuf carrying a slice of a chunk whose holder already let go was freed (inside tx_burst or

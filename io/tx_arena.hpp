@@ -62,8 +62,6 @@ public:
     // Chunks handed out since construction (tests: the zero-copy path was taken).
     std::uint64_t acquired() const noexcept { return acquired_; }
     std::uint32_t in_use() const noexcept { return count_ - static_cast<std::uint32_t>(free_.size()); }
-    // Chunks still referenced by mbufs only (their holder let go): what a driver holds.
-    std::uint32_t held_by_frames() const noexcept;
 
 private:
     static void free_cb(void* addr, void* opaque);
@@ -75,7 +73,6 @@ private:
     std::uint64_t acquired_ = 0;
     std::vector<rte_mbuf_ext_shared_info> shinfo_;  // one per chunk
     std::vector<std::int32_t> free_;                // capacity count_: push_back never allocates
-    std::vector<bool> held_;                        // holder reference taken (acquire .. release)
 };
 
 }  // namespace softrdma::io

@@ -551,7 +551,7 @@ std::string Stack::describe_active_pcbs() const {
                std::to_string(p->snd_nxt - p->lastack) + " queued " + std::to_string(p->snd_lbb - p->lastack) +
                " nrtx " + std::to_string(p->nrtx) + " rto " + std::to_string(p->rto) + " snd_wnd " +
                std::to_string(p->snd_wnd) + " cwnd " + std::to_string(p->cwnd) + " persist " +
-               std::to_string(p->persist_backoff) + " flags 0x" + std::to_string(p->flags) +
+               std::to_string(p->persist_backoff) + " flags " + std::to_string(p->flags) +
                (p->callback_arg != nullptr ? " (callbacks set)" : "");
     }
     return out;

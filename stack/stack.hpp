@@ -131,7 +131,6 @@ public:
     // TCP payload bytes per segment on the port's MTU (MTU - 40): what an FPDU is sized for, whatever segments
     // carry it (large segments).
     std::uint32_t wire_mss() const noexcept;
-    bool large_segments() const noexcept { return large_segments_; }
     Ipv4 address() const noexcept { return cfg_.ip.address; }
 
     // Debug builds: aborts unless called on the owner thread.

@@ -27,10 +27,10 @@ void TxHalf::start(rdmap::Upper& upper, const mpa::Agreed& agreed, std::uint32_t
     written_ = 0;
 }
 
-// Keeping FPDUs whole on the wire: each batch pulled from the endpoint is whole FPDUs totalling at most one segment
-// (MULPDU makes every FPDU fit in the link's MSS, and a large segment holds many), and a batch is handed to lwIP only when lwIP holds no unsent segment
-// (TcpConnection::tx_segment_boundary), so lwIP starts a new segment with it instead of appending it to a partly
-// filled one. One batch = one segment. A batch lwIP takes only in part (its send buffer or segment pool full) is
+// Keeping FPDUs whole on the wire: each batch pulled from the endpoint is whole FPDUs totalling at most one
+// segment (MULPDU makes every FPDU fit in the link's MSS, and a large segment holds many), and a batch is handed
+// to lwIP only when lwIP holds no unsent segment (TcpConnection::tx_segment_boundary), so lwIP starts a new
+// segment with it instead of appending it to a partly filled one. One batch = one segment. A batch lwIP takes only in part (its send buffer or segment pool full) is
 // finished first; that is the one case where an FPDU may straddle two segments, and the peer's deframer accepts
 // any cut.
 // Where the batch is built: in place in the connection's TX chunk (zero-copy transmit: the one TX copy, gather +
@@ -91,14 +91,12 @@ bool TxHalf::pump(stack::TcpConnection& tcp) noexcept {
             len_ = n;
         }
     }
-    if (wrote) flush_lwip(tcp);
+    if (wrote) {
+        const std::uint64_t t0 = cycles_lwip_ != nullptr ? cycles_now() : 0;
+        tcp.flush();
+        if (cycles_lwip_ != nullptr) *cycles_lwip_ += cycles_now() - t0;
+    }
     return again;
-}
-
-void TxHalf::flush_lwip(stack::TcpConnection& tcp) noexcept {
-    const std::uint64_t t0 = cycles_lwip_ != nullptr ? cycles_now() : 0;
-    tcp.flush();
-    if (cycles_lwip_ != nullptr) *cycles_lwip_ += cycles_now() - t0;
 }
 
 bool TxHalf::idle(const stack::TcpConnection* tcp) const noexcept {

@@ -50,7 +50,6 @@ public:
     std::uint64_t written() const noexcept { return written_; }
 
 private:
-    void flush_lwip(stack::TcpConnection& tcp) noexcept;
     std::optional<mpa::FpduTx> fpdu_tx_;
     std::optional<rdmap::FpduFramer> framer_;
     std::optional<rdmap::Endpoint> ep_;

@@ -22,14 +22,30 @@ std::string field(const std::string& report, const std::string& key) {
     return report.substr(at + key.size() + 1, end - at - key.size() - 1);
 }
 
+// One verified stream of `connections` x `bytes`, server and client in their own processes.
+std::vector<ChildOutcome> run_stream(const PeerConfig& server, const PeerConfig& client, std::uint64_t bytes,
+                                     unsigned connections) {
+    return run_roles({{"server", [&] { return stream_server(server, bytes, connections); }},
+                      {"client", [&] { return stream_client(client, bytes, connections); }, 200ms}},
+                     180s);
+}
+
+// Two memif peers with large frames and large segments (StackConfig::large_segments).
+std::pair<PeerConfig, PeerConfig> large_segment_pair() {
+    auto pair = memif_pair();
+    for (PeerConfig* c : {&pair.first, &pair.second}) {
+        c->port.memif_large_frames = true;
+        c->stack.large_segments = true;
+    }
+    return pair;
+}
+
 }  // namespace
 
 TEST_CASE("256 MiB TCP stream over memif arrives intact", "[stack][memif]") {
     auto [server, client] = memif_pair();
     constexpr std::uint64_t bytes = 256ull << 20;
-    const auto out = run_roles({{"server", [&] { return stream_server(server, bytes, 1); }},
-                                {"client", [&] { return stream_client(client, bytes, 1); }, 200ms}},
-                               180s);
+    const auto out = run_stream(server, client, bytes, 1);
     check_outcomes(out);
     CHECK(field(out[0].report, "rx_bytes") == std::to_string(bytes));
     // Stretch ACKs (TcpConnection::on_recv_cb): the receiver's frames are its ACKs, one per up to 8 segments
@@ -43,15 +59,9 @@ TEST_CASE("256 MiB TCP stream over memif arrives intact", "[stack][memif]") {
 // Large segments (StackConfig::large_segments on a memif port with large frames): lwIP builds segments of up to
 // 64 KiB from copied writes (in pieces its pools hold) and the Stack copies each into a chain of mbufs.
 TEST_CASE("256 MiB TCP stream over memif in 64 KiB segments arrives intact", "[stack][memif]") {
-    auto [server, client] = memif_pair();
-    for (PeerConfig* c : {&server, &client}) {
-        c->port.memif_large_frames = true;
-        c->stack.large_segments = true;
-    }
+    const auto [server, client] = large_segment_pair();
     constexpr std::uint64_t bytes = 256ull << 20;
-    const auto out = run_roles({{"server", [&] { return stream_server(server, bytes, 1); }},
-                                {"client", [&] { return stream_client(client, bytes, 1); }, 200ms}},
-                               180s);
+    const auto out = run_stream(server, client, bytes, 1);
     check_outcomes(out);
     CHECK(field(out[0].report, "rx_bytes") == std::to_string(bytes));
     // Frames in: a 64 KiB segment arrives as one frame (the stream would take ~184 000 at MSS 1460).
@@ -65,18 +75,12 @@ TEST_CASE("256 MiB TCP stream over memif in 64 KiB segments arrives intact", "[s
 // delayed and corrupted; 64 KiB segments are lost, repeated and overtaken whole, and lwIP's out-of-order queue
 // and trimming work on chains of 32 RX pbufs. Every byte is checked by the receiver.
 TEST_CASE("64 MiB TCP stream over memif in 64 KiB segments through 1 % faults arrives intact", "[stack][memif][faults]") {
-    auto [server, client] = memif_pair();
-    for (PeerConfig* c : {&server, &client}) {
-        c->port.memif_large_frames = true;
-        c->stack.large_segments = true;
-    }
+    auto [server, client] = large_segment_pair();
     client.port.faults.rx = client.port.faults.tx = {.drop = 0.01, .duplicate = 0.01, .reorder = 0.01,
                                                      .delay = 0.01, .corrupt = 0.01};
     client.port.faults.seed = 777;
     constexpr std::uint64_t bytes = 64ull << 20;
-    const auto out = run_roles({{"server", [&] { return stream_server(server, bytes, 2); }},
-                                {"client", [&] { return stream_client(client, bytes, 2); }, 200ms}},
-                               180s);
+    const auto out = run_stream(server, client, bytes, 2);
     check_outcomes(out);
     CHECK(field(out[0].report, "rx_bytes") == std::to_string(2 * bytes));
 }
