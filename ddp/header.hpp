@@ -100,7 +100,7 @@ struct TaggedHeader {
 // ---- untagged header (RFC 5041 section 4.4) --------------------------------------------------------------
 struct UntaggedHeader {
     std::uint16_t ctrl{0};     // kCtrlTagged clear
-    std::uint32_t rsvd_ulp{0}; // RsvdULP bits 8..39: RDMAP's Invalidate STag (SEND with Invalidate) or zero
+    std::uint32_t rsvd_ulp{0}; // RsvdULP bits 8..39: RDMAP's Invalidate STag (SEND with Invalidate), rdmap::kImmFollows, or zero
     std::uint32_t qn{0};       // queue number
     std::uint32_t msn{0};      // message sequence number, starts at 1 per queue (RFC 5041 section 5.3)
     std::uint32_t mo{0};       // message offset: byte offset of this segment's payload in the message

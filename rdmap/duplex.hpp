@@ -51,7 +51,6 @@ public:
         return after_rx(rx_.on_ulpdu_payload_crc(bytes, crc_state));
     }
     ProtoStatus on_ulpdu_end() { return after_rx(rx_.on_ulpdu_end()); }
-    void end_of_input() { rx_.end_of_input(); }
     // An error from below (the deframer's): the rx endpoint's choke point builds the TERMINATE, tx sends it.
     void on_llp_error(TermCode code) {
         rx_.on_llp_error(code);

@@ -345,23 +345,18 @@ std::size_t Endpoint::emit_sq(std::span<std::byte> out) {
                                          : (se ? Opcode::send_se : Opcode::send);
         const OpInfo& op = op_info(opc);
         const std::size_t total = sgl_length(wr);
-        // SEND with immediate data: its last segment and the Immediate Data message go into one batch (one TCP
-        // segment), so the receiver sees them together and completes them as one (end_of_input()). Segments
-        // are cut shorter by the Immediate Data FPDU (and a Marker's worth) so that both always fit one MULPDU.
-        const bool imm_joins = send && wr.with_imm;
-        const std::size_t imm_wire = imm_joins ? framer_.wire_size(kImmDataLen) + 4 : 0;
-        std::size_t maxp = max_payload(op.hdr_len);
-        maxp = maxp > imm_wire ? maxp - imm_wire : 0;
+        const std::size_t maxp = max_payload(op.hdr_len);
         if (maxp == 0 && total > 0) return 0;  // MULPDU below the header length: nothing can go out
         ddp::Segment seg = ddp::SegmentPlan(total, std::max<std::size_t>(maxp, 1)).from(tx_sent_);
-        if (imm_joins && seg.last && framer_.wire_size(op.hdr_len + seg.len) + imm_wire > out.size()) return 0;
         if (seg.len != 0 && !upper_.source_alive(wr.wr_id)) {  // its memory was deregistered since the post
             fail(err::local_catastrophic, {}, 0);
             return 0;
         }
         const std::size_t np = gather_sgl(wr, seg.offset, seg.len);
         if (send) {
-            ddp::UntaggedHeader{ddp::ctrl_with_last(op.ctrl, seg.last), wr.with_inv ? wr.inv_stag : 0, kQnSend,
+            // SEND with immediate data: every segment says that its Immediate Data follows (kImmFollows).
+            const std::uint32_t rsvd_ulp = wr.with_inv ? wr.inv_stag : wr.with_imm ? kImmFollows : 0;
+            ddp::UntaggedHeader{ddp::ctrl_with_last(op.ctrl, seg.last), rsvd_ulp, kQnSend,
                                 tx_msn_[kQnSend], static_cast<std::uint32_t>(seg.offset)}
                 .encode(h);
         } else {
@@ -705,7 +700,7 @@ ProtoStatus RxHandlers::read_response_end(Endpoint& ep) {
 ProtoStatus RxHandlers::send_header(Endpoint& ep) {
     const ddp::UntaggedHeader& uh = ep.rx_.uh;
     if (ep.held_recv_) {
-        // Immediate Data right behind a SEND: it completes that SEND's receive (no receive of its own).
+        // The Immediate Data its SEND announced: it completes that SEND's receive (no receive of its own).
         if (uh.msn == ep.held_recv_->msn + 1 && ep.rx_.op->hdr_len == kImmDataLen) {
             ep.rx_merge_imm_ = true;
             ep.send_op_ = ep.rx_.opcode;
@@ -728,7 +723,7 @@ ProtoStatus RxHandlers::send_end(Endpoint& ep) {
     Completion c{.kind = WcKind::recv, .msn = uh.msn, .byte_len = static_cast<std::uint32_t>(uh.mo + ep.rx_.payload_len),
                  .solicited = op.solicited};
     if (op.hdr_len == kImmDataLen) {
-        if (ep.rx_merge_imm_) {  // joins the held SEND: one completion with the SEND's bytes and the immediate
+        if (ep.rx_merge_imm_ && ep.held_recv_) {  // joins the held SEND: one completion, its bytes and the immediate
             Completion& held = *ep.held_recv_;
             held.has_imm = true;
             held.imm = decode_imm(ep.rx_.hdr);
@@ -747,8 +742,9 @@ ProtoStatus RxHandlers::send_end(Endpoint& ep) {
         c.has_inv = true;
         c.inv_stag = ep.rx_inv_stag_;
     }
-    // With RFC 7306 a SEND may be followed by its Immediate Data: hold its completion until we know.
-    if (ep.cfg_.rfc7306 && op.hdr_len != kImmDataLen) {
+    // A SEND that announced its Immediate Data (kImmFollows): its completion waits for it (the next QN 0
+    // message; any other message header, or the stream's end, delivers it as it is).
+    if (ep.cfg_.rfc7306 && !op.invalidate && uh.rsvd_ulp == kImmFollows) {
         ep.held_recv_ = c;
         return std::nullopt;
     }

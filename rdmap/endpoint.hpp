@@ -125,15 +125,6 @@ public:
     // is the deframer's running CRC register, updated over every byte of `bytes`.
     ProtoStatus on_ulpdu_payload_crc(std::span<const std::byte> bytes, std::uint32_t& crc_state);
     ProtoStatus on_ulpdu_end();
-    // The end of one delivery of stream bytes (what arrived together: one TCP segment's payload, or one
-    // receive upcall's chain): delivers what the input held back. That is a SEND's receive completion waiting to
-    // see whether an RFC 7306 Immediate Data message follows it (the sender puts both in one segment): verbs
-    // applications expect SEND with immediate data as one receive completion carrying the immediate, so the two
-    // messages complete as one (see WorkCompletion in verbs.hpp). Call it after every delivery; cheap when
-    // nothing is held.
-    void end_of_input() {
-        if (held_recv_) deliver_held();
-    }
 
     // ---- errors from below: the deframer's error (CRC, bad length, ...) enters the choke point here ------
     void on_llp_error(TermCode code);
@@ -265,8 +256,8 @@ private:
     std::uint8_t send_op_{0};    // opcode of the QN 0 message in progress
     std::uint32_t rx_inv_stag_{0};
     RxSeg rx_{};
-    // RFC 7306 streams: a SEND's receive completion, held until the next ULPDU header or end_of_input(); an
-    // Immediate Data message right behind it (MSN + 1) joins it instead of taking a receive of its own.
+    // RFC 7306 streams: the receive completion of a SEND that announced its Immediate Data (kImmFollows), held
+    // until the next ULPDU header; that Immediate Data (MSN + 1) joins it instead of taking a receive of its own.
     std::optional<Completion> held_recv_{};
     bool rx_merge_imm_{false};  // the segment being received is such an Immediate Data message
     std::uint64_t placed_bytes_{0};

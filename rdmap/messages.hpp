@@ -52,6 +52,17 @@ inline constexpr std::uint32_t kQnTerminate = 2;
 inline constexpr std::uint32_t kQnAtomicResponse = 3;  // RFC 7306
 inline constexpr std::size_t kQueueCount = 4;
 
+// ---- SEND with immediate data (softrdma, on streams that agreed to RFC 7306) ---------------------------------
+// RFC 7306 has no SEND with immediate data: a SEND and an Immediate Data message are two messages, each taking
+// a receive. Verbs applications expect one receive completion carrying the SEND's bytes and the immediate. The
+// sender says "my Immediate Data follows" by putting this value in the SEND's DDP RsvdULP field (RDMAP's
+// Invalidate STag, which a plain SEND leaves reserved; RFC 5040 has the receiver ignore it), and the receiver
+// holds that SEND's completion until the next QN 0 message (MSN + 1) joins it. The decision rests on the SEND's
+// own header, not on where TCP cut the stream. Without the value (any other RFC 7306 peer) each message takes a
+// receive of its own, as the RFC has it. Never sent to a peer that did not agree to RFC 7306 (Linux siw, Chelsio
+// by default): a SEND with immediate data cannot be posted there (PostErrc::not_agreed).
+inline constexpr std::uint32_t kImmFollows = 0x73060001;
+
 // ---- RDMAP error codes (RFC 5040 section 4.8) ------------------------------------------------------------
 namespace err {
 inline constexpr std::uint8_t kEtypeCatastrophic = 0;

@@ -301,7 +301,6 @@ void Conn::on_tcp_receive(stack::RecvBuffer data) {
     // connecting: nothing can arrive; request: the initiator may send nothing before our reply (dropped);
     // closed: the stream is over.
     if (phase_ != Phase::negotiating) return;
-    bool early = false;
     data.for_each_segment([&](std::span<const std::byte> s) {
         if (phase_ == Phase::negotiating) {
             const auto now = mpa::Clock::now();
@@ -310,12 +309,8 @@ void Conn::on_tcp_receive(stack::RecvBuffer data) {
             s = s.subspan(std::min(used, s.size()));
         }
         // Bytes after the MPA reply are FPDUs: the QP's stream, which holds the callbacks from the next delivery.
-        if (phase_ == Phase::rdma && qp_ != nullptr && !s.empty()) {
-            qp_->deliver_early(s);
-            early = true;
-        }
+        if (phase_ == Phase::rdma && qp_ != nullptr && !s.empty()) qp_->deliver_early(s);
     });
-    if (early && phase_ == Phase::rdma && qp_ != nullptr) qp_->end_early_delivery();
 }
 
 void Conn::on_tcp_sent() {

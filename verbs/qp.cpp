@@ -536,16 +536,11 @@ void Qp::deliver(std::span<const std::byte> bytes) noexcept {
     }
 }
 
-void Qp::end_early_delivery() noexcept {
-    if (rx_ && state_ != QpState::err) rx_->end_of_delivery();
-}
-
 void Qp::StreamHandler::on_receive(stack::TcpConnection&, stack::RecvBuffer data) {
     // Ownership of the bytes stays with the RecvBuffer: the receive half copies payload out of the pbufs (the
     // one copy) during the call, and the pbufs go back to DPDK when it returns.
     if (placed_elsewhere) return;  // stand-ins for what the RX thread placed (lwIP only counts them)
     data.for_each_segment([this](std::span<const std::byte> s) { qp.deliver(s); });
-    if (qp.rx_) qp.rx_->end_of_delivery();
 }
 
 void Qp::StreamHandler::on_sent(stack::TcpConnection&, std::size_t) { qp.schedule_tx(); }

@@ -67,10 +67,8 @@ public:
     };
     // RDMA mode (control path: allocates): both halves from the agreement, RTS, the TCP callbacks taken.
     void start_stream(stack::TcpConnection& tcp, const mpa::Agreed& agreed, const StreamParams& p);
-    // Bytes of the stream that came in the same delivery as the MPA frame (before the callbacks were ours), and
-    // the end of that delivery.
+    // Bytes of the stream that came in the same delivery as the MPA frame (before the callbacks were ours).
     void deliver_early(std::span<const std::byte> bytes) noexcept { deliver(bytes); }
-    void end_early_delivery() noexcept;
     // The initiator's TERMINATE for a reply it cannot use (MPA code), through the tx half's choke point.
     void fail_stream(TermCode code) noexcept;
     // The stream ended without a protocol error (FIN, reset, our close, a dead peer): everything flushed,

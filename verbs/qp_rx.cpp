@@ -127,10 +127,6 @@ void RxHalf::deliver(std::span<const std::byte> bytes) noexcept {
     }
 }
 
-void RxHalf::end_of_delivery() noexcept {
-    if (ep_) ep_->end_of_input();
-}
-
 void RxHalf::stop() noexcept {
     if (ep_ && ep_->state() == rdmap::State::operational) ep_->stop(mpa::kTermConnectionLost);
 }

@@ -9,9 +9,8 @@
 //   on the RX thread:  the sink is an SPSC ring (RxEventRing) the application thread drains.
 // The sink is switched at the handover and back when the RX thread lets go (set_sink), never per frame.
 // The tx half sends it the requests it framed (READ/atomic, with their sinks) through an SPSC ring (requests())
-// in both modes. Entry points: deliver() with the stream's bytes in order, end_of_delivery() after each
-// delivery (a TCP segment's payload, one receive upcall); as a threading::FlowSink the RX thread calls both per
-// frame.
+// in both modes. Entry point: deliver() with the stream's bytes in order, cut anywhere (a TCP segment's payload,
+// one receive upcall's pbufs; as a threading::FlowSink the RX thread calls it per frame).
 // Memory: rings sized at construction; deframer and endpoint built by start() (control path); the data path
 // allocates nothing.
 #pragma once
@@ -134,13 +133,8 @@ public:
 
     // The stream's bytes, in order, borrowed for the call: the one copy (placement) happens here.
     void deliver(std::span<const std::byte> bytes) noexcept;
-    // After each delivery: what the input held back (Endpoint::end_of_input).
-    void end_of_delivery() noexcept;
-    // threading::FlowSink: one frame's payload is one delivery.
-    void rx_payload(std::span<const std::byte> bytes) noexcept override {
-        deliver(bytes);
-        end_of_delivery();
-    }
+    // threading::FlowSink: one frame's payload.
+    void rx_payload(std::span<const std::byte> bytes) noexcept override { deliver(bytes); }
     // The stream ended without a protocol error (a FIN, a reset, the QP to ERR): outstanding requests come back
     // as flushed events, no TERMINATE is built.
     void stop() noexcept;

@@ -190,11 +190,13 @@ inline constexpr std::uint32_t solicited = 1u << 2;
 }  // namespace wc_flags
 
 // ibv_wc. RFC 7306 on the wire, verbs at the receiver (both ends agreed: ConnParam::rfc7306):
-//   SEND_WITH_IMM  -> a SEND, then an Immediate Data message (SE on it when solicited), framed into one TCP
-//                     segment. The receiver completes them as ONE receive, as verbs applications expect:
-//                     opcode recv, byte_len = the SEND's bytes, wc_flags with_imm, imm_data. One receive WR
-//                     is consumed. (Fallback: were the two split across deliveries by something resegmenting
-//                     the stream, the Immediate Data completes a second receive as recv_rdma_with_imm.)
+//   SEND_WITH_IMM  -> a SEND whose segments announce the Immediate Data message that follows it (SE on that
+//                     one when solicited; the announcement is a softrdma value in the SEND's reserved RsvdULP
+//                     field, rdmap::kImmFollows). The receiver completes them as ONE receive, as verbs
+//                     applications expect, wherever TCP cuts the stream: opcode recv, byte_len = the SEND's
+//                     bytes, wc_flags with_imm, imm_data; one receive WR consumed. A SEND and an Immediate Data
+//                     from another RFC 7306 implementation (no announcement) take a receive each, as the RFC
+//                     has it: the second completes as recv_rdma_with_imm.
 //   WRITE_WITH_IMM -> an RDMA WRITE, then an Immediate Data message that consumes one receive WR and completes
 //                     as recv_rdma_with_imm, byte_len 0, with_imm, imm_data (the WRITE's bytes are in place
 //                     before it: DDP places in order). As IBV_WC_RECV_RDMA_WITH_IMM, except that byte_len is

@@ -257,11 +257,7 @@ public:
     Rig& operator=(const Rig&) = delete;
 
     // One delivery of stream bytes (as one TCP segment's payload).
-    ProtoStatus feed(std::span<const std::byte> in) {
-        const ProtoStatus st = rdmap::receive(rx_, ep, in);
-        ep.end_of_input();
-        return st;
-    }
+    ProtoStatus feed(std::span<const std::byte> in) { return rdmap::receive(rx_, ep, in); }
     std::vector<std::byte> drain() {
         std::vector<std::byte> all;
         static std::array<std::byte, 1 << 14> buf;  // more than the largest FPDU (EMSS 1448); reused

@@ -280,42 +280,61 @@ TEST_CASE("WRITE with immediate data: WRITE then Immediate Data consuming a rece
 
 // Verbs applications expect SEND with immediate data as ONE receive completion carrying the data and the
 // immediate (IBV_WC_WITH_IMM). On the wire (RFC 7306) it is a SEND followed by an Immediate Data message; the
-// sender puts both into one batch (one TCP segment), the receiver holds the SEND's completion to the end of the
-// delivery and lets the Immediate Data join it: one completion, one receive consumed.
+// SEND's segments carry kImmFollows in RsvdULP, and the receiver holds that SEND's completion until its
+// Immediate Data joins it: one completion, one receive consumed, wherever TCP cuts the stream.
 TEST_CASE("SEND with immediate data and solicited event: one receive completion carrying the immediate", "[rdmap]") {
     const auto p = bytes_of(5, 7);
     WorkRequest s = send_wr(22, p);
     s.with_imm = true;
     s.imm = 42;
     s.solicited = true;
-    SECTION("the wire: SEND, then Immediate Data with SE, in one batch") {
+    SECTION("the wire: SEND announcing its Immediate Data, then Immediate Data with SE") {
         Side a;
         REQUIRE(a.ep.post(s) == PostStatus::ok);
         const std::vector<Fpdu> f = split_fpdus(a.drain());
         REQUIRE(f.size() == 2);
         CHECK(load_be16(f[0].ulpdu, 0) == 0x4143);  // SE rides on the Immediate Data message
+        CHECK(ddp::UntaggedHeader::decode(f[0].ulpdu)->rsvd_ulp == kImmFollows);
         CHECK(load_be16(f[1].ulpdu, 0) == 0x4149);
         CHECK(ddp::UntaggedHeader::decode(f[1].ulpdu)->msn == 2);
+        CHECK(ddp::UntaggedHeader::decode(f[1].ulpdu)->rsvd_ulp == 0);
     }
-    SECTION("delivered together: one completion, one receive") {
+    SECTION("a plain SEND announces nothing and completes at its last segment") {
         Side a, b;
         b.upper.post_recv(16);
-        b.upper.post_recv(16);
-        REQUIRE(a.ep.post(s) == PostStatus::ok);
-        pump(a, b);
+        REQUIRE(a.ep.post(send_wr(1, p)) == PostStatus::ok);
+        const std::vector<std::byte> wire = a.drain();
+        CHECK(ddp::UntaggedHeader::decode(split_fpdus(wire)[0].ulpdu)->rsvd_ulp == 0);
+        CHECK_FALSE(rdmap::receive(b.rx, b.ep, wire).has_value());
         REQUIRE(b.upper.completions.size() == 1);
-        const Completion& c = b.upper.completions[0];
-        CHECK(c.kind == WcKind::recv);
-        CHECK(c.byte_len == 5);
-        CHECK(c.has_imm);
-        CHECK(c.imm == 42);
-        CHECK(c.solicited);
-        CHECK(c.msn == 1);
-        CHECK(b.upper.posted.size() == 1);  // only the SEND took a receive; the other is still posted
-        REQUIRE(b.upper.bound.count(1) == 1);
-        CHECK(std::equal(p.begin(), p.end(), b.upper.bound[1].begin()));
+        CHECK_FALSE(b.upper.completions[0].has_imm);
     }
-    SECTION("a multi-segment SEND: its last segment and the Immediate Data still share a batch") {
+    SECTION("cut at every byte: one completion, one receive") {
+        Side a;
+        REQUIRE(a.ep.post(s) == PostStatus::ok);
+        const std::vector<std::byte> wire = a.drain();
+        for (std::size_t cut = 1; cut < wire.size(); ++cut) {
+            CAPTURE(cut);
+            Side b;
+            b.upper.post_recv(16);
+            b.upper.post_recv(16);
+            CHECK_FALSE(rdmap::receive(b.rx, b.ep, std::span(wire).first(cut)).has_value());
+            CHECK(b.upper.completions.empty());  // nothing before the Immediate Data has come whole
+            CHECK_FALSE(rdmap::receive(b.rx, b.ep, std::span(wire).subspan(cut)).has_value());
+            REQUIRE(b.upper.completions.size() == 1);
+            const Completion& c = b.upper.completions[0];
+            CHECK(c.kind == WcKind::recv);
+            CHECK(c.byte_len == 5);
+            CHECK(c.has_imm);
+            CHECK(c.imm == 42);
+            CHECK(c.solicited);
+            CHECK(c.msn == 1);
+            CHECK(b.upper.posted.size() == 1);  // only the SEND took a receive; the other is still posted
+            REQUIRE(b.upper.bound.count(1) == 1);
+            CHECK(std::equal(p.begin(), p.end(), b.upper.bound[1].begin()));
+        }
+    }
+    SECTION("a multi-segment SEND, delivered one byte at a time") {
         SideConfig c = small_mss();
         Side a(c), b(c);
         b.upper.post_recv(4096);
@@ -324,49 +343,60 @@ TEST_CASE("SEND with immediate data and solicited event: one receive completion 
         w.with_imm = true;
         w.imm = 7;
         REQUIRE(a.ep.post(w) == PostStatus::ok);
-        // Pull in EMSS-sized batches, as the QP does: the Immediate Data must be in the batch with the last segment.
-        std::vector<std::byte> batch(c.emss);
-        std::vector<std::vector<std::byte>> batches;
-        while (const std::size_t n = a.ep.pull_tx(batch)) batches.emplace_back(batch.begin(), batch.begin() + static_cast<std::ptrdiff_t>(n));
-        REQUIRE(batches.size() > 2);
-        const std::vector<Fpdu> last = split_fpdus(batches.back());
-        REQUIRE(last.size() == 2);
-        CHECK((load_be16(last[0].ulpdu, 0) & 0x400F) == 0x4003);  // the SEND's last segment
-        CHECK(load_be16(last[1].ulpdu, 0) == 0x4148);
-        for (const auto& bt : batches) b.feed(bt);  // one delivery per batch (TCP segment)
+        const std::vector<std::byte> wire = a.drain();
+        const std::vector<Fpdu> f = split_fpdus(wire);
+        REQUIRE(f.size() > 2);
+        for (std::size_t i = 0; i + 1 < f.size(); ++i)
+            CHECK(ddp::UntaggedHeader::decode(f[i].ulpdu)->rsvd_ulp == kImmFollows);
+        CHECK_FALSE(b.feed(wire, 1).has_value());
         REQUIRE(b.upper.completions.size() == 1);
         CHECK(b.upper.completions[0].byte_len == 1000);
         CHECK(b.upper.completions[0].has_imm);
         CHECK(b.upper.completions[0].imm == 7);
     }
-    SECTION("cut apart by the network: two completions, the immediate on a receive of its own (fallback)") {
-        Side a, b;
+    SideConfig no_crc;  // the next two sections edit FPDUs in place
+    no_crc.crc = false;
+    SECTION("another RFC 7306 peer's SEND and Immediate Data (no kImmFollows): a receive each, as the RFC has it") {
+        Side a(no_crc), b(no_crc);
         b.upper.post_recv(16);
         b.upper.post_recv(16);
         REQUIRE(a.ep.post(s) == PostStatus::ok);
-        const std::vector<std::byte> wire = a.drain();
+        std::vector<std::byte> wire = a.drain();
+        // Clear the SEND's RsvdULP (bytes 2..5 after the MPA length).
         const std::vector<Fpdu> f = split_fpdus(wire);
         REQUIRE(f.size() == 2);
-        b.feed(std::span(wire).first(f[0].wire));
-        b.feed(std::span(wire).subspan(f[0].wire));
+        std::fill_n(wire.begin() + 2 + 2, 4, std::byte{0});
+        CHECK(ddp::UntaggedHeader::decode(split_fpdus(wire)[0].ulpdu)->rsvd_ulp == 0);
+        CHECK_FALSE(rdmap::receive(b.rx, b.ep, wire).has_value());
         REQUIRE(b.upper.completions.size() == 2);
         CHECK(b.upper.completions[0].byte_len == 5);
         CHECK_FALSE(b.upper.completions[0].has_imm);
         CHECK(b.upper.completions[1].has_imm);
+        CHECK(b.upper.completions[1].imm_only);
         CHECK(b.upper.completions[1].imm == 42);
         CHECK(b.upper.completions[1].solicited);
     }
-    SECTION("a plain SEND behind a SEND is not held past the next header") {
-        Side a, b;
+    SECTION("an announced SEND whose next message is not its Immediate Data completes at that message's header") {
+        Side a(no_crc), b(no_crc);
         b.upper.post_recv(16);
         b.upper.post_recv(16);
-        REQUIRE(a.ep.post(send_wr(1, p)) == PostStatus::ok);
-        REQUIRE(a.ep.post(send_wr(2, p)) == PostStatus::ok);
-        const std::vector<std::byte> wire = a.drain();
-        CHECK_FALSE(rdmap::receive(b.rx, b.ep, wire).has_value());  // no end_of_input yet
-        CHECK(b.upper.completions.size() == 1);  // the first was delivered when the second's header came
-        b.ep.end_of_input();
-        CHECK(b.upper.completions.size() == 2);
+        REQUIRE(a.ep.post(s) == PostStatus::ok);
+        std::vector<std::byte> wire = a.drain();
+        const std::vector<Fpdu> f = split_fpdus(wire);
+        REQUIRE(f.size() == 2);
+        wire.resize(f[0].wire);  // the Immediate Data never comes; a plain SEND (MSN 2) does
+        b.feed(wire);
+        CHECK(b.upper.completions.empty());
+        Side a2(no_crc);
+        REQUIRE(a2.ep.post(send_wr(2, p)) == PostStatus::ok);
+        std::vector<std::byte> next = a2.drain();
+        store_be32(std::span(next), 2 + 10, 2);  // MSN 2 (after the MPA length, ctrl and RsvdULP, QN)
+        REQUIRE(ddp::UntaggedHeader::decode(split_fpdus(next)[0].ulpdu)->msn == 2);
+        CHECK_FALSE(b.feed(next).has_value());
+        REQUIRE(b.upper.completions.size() == 2);
+        CHECK(b.upper.completions[0].msn == 1);
+        CHECK_FALSE(b.upper.completions[0].has_imm);
+        CHECK(b.upper.completions[1].msn == 2);
     }
 }
 

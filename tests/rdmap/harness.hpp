@@ -129,14 +129,12 @@ struct Side {
     rdmap::Duplex ep;  // the stream's tx and rx endpoints, joined as a QP joins them
     mpa::Deframer<rdmap::Duplex> rx;
 
-    // Feeds bytes to this side's RX in pieces of `chunk` (TCP cuts the stream anywhere), each piece one
-    // delivery (end_of_input() after it, as after one TCP segment).
+    // Feeds bytes to this side's RX in pieces of `chunk` (TCP cuts the stream anywhere).
     ProtoStatus feed(std::span<const std::byte> in, std::size_t chunk = 0) {
         if (chunk == 0) chunk = in.size() ? in.size() : 1;
         ProtoStatus st;
         for (std::size_t off = 0; off < in.size(); off += chunk) {
             st = rdmap::receive(rx, ep, in.subspan(off, std::min(chunk, in.size() - off)));
-            ep.end_of_input();
             if (st) return st;
         }
         return st;

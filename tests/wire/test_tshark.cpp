@@ -179,7 +179,6 @@ Result run_session(const Setup& setup) {
                     REQUIRE(fpdu.size() <= mss);
                     tcp.send(dir, u8(fpdu));
                     rdmap::receive(to->deframer, to->ep, fpdu);
-                    to->ep.end_of_input();
                     ++from->fpdus_sent;
                 }
             }
