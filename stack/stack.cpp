@@ -349,6 +349,45 @@ void Stack::retry_time_wait_acks() noexcept {
     if (!owed) tw_deferred_seen_ = counters_.tx_deferred;
 }
 
+// lwIP 2.1.3 can strand a segment when a retransmission timeout follows a fast retransmit that the peer's
+// window held back. tcp_rexmit (fast retransmit) moves the oldest unacknowledged segment to pcb->unsent, in
+// order; a zero window keeps it there; then tcp_rexmit_rto_prepare (the timeout, in tcp_slowtmr) puts all of
+// pcb->unacked in FRONT of pcb->unsent, so that oldest segment now sits behind newer ones. tcp_output sends in
+// queue order within the window: the newer segments fill the congestion window, the peer keeps acknowledging
+// the hole, duplicate ACKs fast-retransmit the wrong segment, and the connection stalls until its user timeout
+// (found with tests/verbs/rawtcp.py's window-shrink case: a peer that shrinks its window and drops what was
+// past the new edge). After each timer run (the only place the timeout fires) we put a misordered unsent queue
+// back in sequence order and send. Cost: one pointer test per active connection per millisecond, a walk of
+// the queue only for connections with two or more unsent segments. The sort is an insertion sort of that short
+// queue, stable for equal sequence numbers; lwIP's unsent_oversize (room in the last segment's pbuf for
+// tcp_write to append to) is dropped when the last segment changes, as lwIP's own tcp_rexmit does.
+void Stack::reorder_unsent() noexcept {
+    auto seq = [](const tcp_seg* s) { return lwip_ntohl(s->tcphdr->seqno); };
+    for (tcp_pcb* p = tcp_active_pcbs; p != nullptr; p = p->next) {
+        if (p->unsent == nullptr || p->unsent->next == nullptr) continue;
+        const tcp_seg* s = p->unsent;
+        while (s->next != nullptr && !TCP_SEQ_GT(seq(s), seq(s->next))) s = s->next;
+        if (s->next == nullptr) continue;  // in order
+        const tcp_seg* last = s;
+        while (last->next != nullptr) last = last->next;
+        tcp_seg* sorted = nullptr;
+        for (tcp_seg* cur = p->unsent; cur != nullptr;) {
+            tcp_seg* next = cur->next;
+            tcp_seg** at = &sorted;
+            while (*at != nullptr && !TCP_SEQ_GT(seq(*at), seq(cur))) at = &(*at)->next;
+            cur->next = *at;
+            *at = cur;
+            cur = next;
+        }
+        p->unsent = sorted;
+        const tcp_seg* new_last = sorted;
+        while (new_last->next != nullptr) new_last = new_last->next;
+        if (new_last != last) p->unsent_oversize = 0;
+        ++counters_.unsent_reordered;
+        tcp_output(p);
+    }
+}
+
 void Stack::drop_tx_queue() noexcept {
     for (unsigned i = tx_head_; i < tx_tail_; ++i) rte_pktmbuf_free(tx_queue_[i]);  // still ours: never sent
     counters_.tx_dropped += tx_tail_ - tx_head_;
@@ -466,6 +505,7 @@ unsigned Stack::poll() noexcept {
     if (tsc >= next_timer_tsc_) {
         next_timer_tsc_ = tsc + tsc_per_ms_;
         sys_check_timeouts();
+        reorder_unsent();
         if (counters_.tx_deferred != tw_deferred_seen_) retry_time_wait_acks();
     }
     flush_tx_inner();

@@ -174,6 +174,7 @@ private:
     void deliver(pbuf* p) noexcept;
     void drop_tx_queue() noexcept;
     void retry_time_wait_acks() noexcept;
+    void reorder_unsent() noexcept;
 
     io::Port& port_;
     bool large_segments_ = false;

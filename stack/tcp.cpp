@@ -11,6 +11,20 @@
 namespace softrdma::stack {
 namespace {
 
+// The retransmission timeout a new connection starts from. lwIP seeds its RTT variance with 3 s (pcb->sv, in
+// slow ticks of TCP_SLOW_INTERVAL) and each RTT sample takes only a quarter of it off, so for its first dozen
+// round trips a lost segment waited 2.3 s and more for its retransmission (tests/verbs/rawtcp.py's
+// window-shrink case measured 2.26 s). RFC 6298 (2.2) after the first sample: RTO = SRTT + max(G, 4 RTTVAR)
+// with RTTVAR = R/2, i.e. about the clock granularity on a LAN. We restart the variance when the connection is
+// established so that the RTO starts at Linux's minimum (200 ms) and lwIP's estimator goes on from there, down
+// to a few ticks as round trips are measured (as it already went in long connections).
+constexpr std::chrono::milliseconds kInitialRto{200};
+
+void seed_rto(tcp_pcb* pcb) noexcept {
+    pcb->sv = static_cast<s16_t>(kInitialRto.count() / TCP_SLOW_INTERVAL);
+    pcb->rto = static_cast<s16_t>((pcb->sa >> 3) + pcb->sv);
+}
+
 }  // namespace
 
 // lwIP must hear ERR_ABRT from a callback in which the pcb was aborted, and the wrapper must not touch a
@@ -360,6 +374,7 @@ err_t TcpConnection::on_connected_cb(void* arg, tcp_pcb* pcb, err_t) {
     if (self == nullptr) return ERR_OK;
     CallbackScope scope(pcb, self);
     self->connected_ = true;
+    seed_rto(pcb);
     self->handler_->on_connected(*self);
     return scope.result();
 }
@@ -438,6 +453,7 @@ err_t TcpListener::on_accept_cb(void* arg, tcp_pcb* pcb, err_t err) {
     auto* self = static_cast<TcpListener*>(arg);
     if (self == nullptr || pcb == nullptr || err != ERR_OK) return ERR_VAL;
     std::unique_ptr<TcpConnection> conn(new TcpConnection(self->stack_, pcb, nullptr, true));
+    seed_rto(pcb);
     conn->attach();
     CallbackScope scope(pcb, conn.get());
     self->handler_.on_accept(std::move(conn));  // dropping it aborts: scope then says ERR_ABRT

@@ -31,6 +31,8 @@ struct StackCounters {
     std::uint64_t tx_dropped = 0;   // lost: frame too large, or the link went down with frames queued
     std::uint64_t tx_deferred = 0;  // handed back to lwIP (no mbuf, or the TX queue stayed full): TCP keeps the
                                     // segment or ACK and sends it again on its next output (lost only if not TCP)
+    std::uint64_t unsent_reordered = 0;  // a connection's send queue put back in sequence order after lwIP's
+                                         // retransmission timeout misordered it (Stack::reorder_unsent)
 };
 
 // The dedicated RX thread (ThreadingMode::rx_thread).

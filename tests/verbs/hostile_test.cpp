@@ -446,13 +446,14 @@ TEST_CASE("a hostile peer: every misbehaviour draws the RFC's answer, the server
 // ---- a raw TCP peer (tests/verbs/rawtcp.py) -------------------------------------------------------------
 // TCP segments crafted by hand from an address the kernel does not own: out of order, overlapping, stale
 // copies with other bytes, a flood past a hole and past the window, a receive window held shut while the peer
-// answers every probe. The server below takes one connection per case and says what reached its memory.
+// answers every probe, blind RST/SYN/ACK injection (RFC 5961), a window that shrinks. The server below takes one
+// connection per case and says what reached its memory.
 namespace {
 
 constexpr std::size_t kRawRead = 64 * 1024;                // READ source, filled with raw_pattern
 constexpr std::size_t kRawWriteArea = 1024 * 1000;         // the flood's WRITEs, from offset kRawRead
 constexpr std::uint32_t kRawRecvs = 40;                    // receives per connection (a case sends 32 SENDs)
-constexpr unsigned kRawConns = 8;
+constexpr unsigned kRawConns = 12;
 constexpr auto kRawUserTimeout = std::chrono::milliseconds(3000);
 
 std::uint8_t raw_pattern(std::size_t i) { return static_cast<std::uint8_t>(i * 131 + 7); }  // as rawtcp.py
@@ -591,7 +592,8 @@ int raw_server(const PeerConfig& cfg) {
 
 }  // namespace
 
-TEST_CASE("a raw TCP peer: reordered, overlapping and stale segments, a flood past a hole, a window held shut",
+TEST_CASE("a raw TCP peer: reordered, overlapping and stale segments, a flood past a hole, a window held shut, "
+          "RFC 5961 blind injection, a shrinking window",
           "[verbs][security][hostile][af_packet]") {
     std::string why;
     if (!VethPair::can_create(why) || std::system("command -v python3 >/dev/null 2>&1") != 0) {
@@ -623,8 +625,10 @@ TEST_CASE("a raw TCP peer: reordered, overlapping and stale segments, a flood pa
         return line.substr(at + key.size() + 1, end == std::string::npos ? std::string::npos : end - at - key.size() - 1);
     };
     auto played = [&](const char* name) { return !only || std::string(only).find(name) != std::string::npos; };
-    // Every byte of every SEND where TCP put it, once, with the first copy's bytes.
-    for (const char* name : {"reorder", "overlap", "stale-conflict"}) {
+    // Every byte of every SEND where TCP put it, once, with the first copy's bytes. Blind injection (RFC 5961)
+    // between the halves: a RST or SYN inside the window but not at its next byte, an ACK of bytes never sent,
+    // are each answered with an ACK and the connection goes on (a RST far outside the window is dropped).
+    for (const char* name : {"reorder", "overlap", "stale-conflict", "rst-in-window", "syn-in-window", "ack-unsent"}) {
         if (!played(name)) continue;
         INFO("case " << name);
         REQUIRE(wire.count(name) == 1);
@@ -634,6 +638,10 @@ TEST_CASE("a raw TCP peer: reordered, overlapping and stale segments, a flood pa
         CHECK(field(seen.at(name), "recv") == "32");
         CHECK(field(seen.at(name), "hashes") == expect.at(name));
         CHECK(field(seen.at(name), "wc").empty());
+        if (const std::string n = name; n == "rst-in-window" || n == "syn-in-window" || n == "ack-unsent") {
+            CHECK(std::atoi(field(wire.at(name), "answered").c_str()) >= 1);  // the challenge ACK
+            CHECK(wire.at(name).find("then reset") == std::string::npos);   // recv=32: it went on after
+        }
     }
     if (played("ooseq-flood")) {
         INFO("case ooseq-flood");
@@ -654,6 +662,18 @@ TEST_CASE("a raw TCP peer: reordered, overlapping and stale segments, a flood pa
         CHECK(probes >= 1);
         CHECK(probes <= 20);
         CHECK(std::atoi(field(w, "flood").c_str()) >= 1000);
+    }
+    // A shrinking window (the right edge moved back past bytes already sent): what went past it is sent again
+    // once the window opens, at the retransmission timeout of a young connection (200 ms, backed off once
+    // or twice while the window was shut; lwIP's own start made it 2.3 s); the READ response arrives whole.
+    if (played("window-shrink")) {
+        INFO("case window-shrink");
+        REQUIRE(wire.count("window-shrink") == 1);
+        const std::string& w = wire.at("window-shrink");
+        CHECK(w.rfind("got read-response ok", 0) == 0);
+        const auto then = w.find(" then ");
+        REQUIRE(then != std::string::npos);
+        CHECK(std::atof(w.c_str() + then + 6) < 1.2);
     }
     if (played("zero-window-forever")) {
         INFO("case zero-window-forever");

@@ -21,6 +21,15 @@ Cases:
                   2.5 s while we flood pure ACKs (window 0) and answer the zero-window probes, then opened: the
                   READ response must arrive whole and correct
   zero-window-forever  the same, the window never opens: softrdma must give up (user timeout) and reset
+  rst-in-window   half of 32 SENDs, then a RST inside the server's receive window but not at its next byte
+                  (RFC 5961 section 3: a challenge ACK, the connection stays), a RST far outside the window
+                  (dropped), then the rest: every SEND must arrive
+  syn-in-window   the same with a SYN on the established connection (RFC 5961 section 4: a challenge ACK)
+  ack-unsent      the same with an ACK for bytes the server never sent (RFC 5961 section 5: dropped, an ACK back)
+  window-shrink   a 64 KiB READ into a 16 KiB window (no scaling) whose right edge we move back to 1 KiB past
+                  the next byte once 8 KiB came (a shrink, RFC 9293 section 3.8.6: what was sent past it is
+                  dropped), held 0.3 s, then opened: the READ response must arrive whole and correct (what was
+                  dropped comes again at the server's retransmission timeout)
 """
 import os
 import random
@@ -157,6 +166,8 @@ class Tcp:
         self.peer_wnd, self.peer_scale = 0, 0
         self.reset = self.fin = False
         self.probes_while_shut = 0
+        self.pure_acks = 0  # segments from the server with ACK and no payload (challenge ACKs, window updates)
+        self.shrink_at = None  # (bytes received, room): then move the right edge back to rcv_nxt + room
 
     def room(self):
         """The receive window we advertise now: what is left before the fixed edge, or the open window."""
@@ -192,6 +203,8 @@ class Tcp:
             if off > self.una:
                 self.una = off
             self.peer_wnd = win << self.peer_scale
+            if not payload and not flags & (SYN | FIN):
+                self.pure_acks += 1
         must_ack = False
         if payload:
             must_ack = True
@@ -217,6 +230,9 @@ class Tcp:
                         if len(p) > -d:
                             self.rx += p[-d:]
                             self.rcv_nxt = (self.rcv_nxt + len(p) + d) & MASK
+                if self.shrink_at is not None and len(self.rx) >= self.shrink_at[0]:
+                    self.edge = (self.rcv_nxt + self.shrink_at[1]) & MASK  # back from where it was: a shrink
+                    self.shrink_at = None
         if flags & FIN and seq_diff((seq + len(payload)) & MASK, self.rcv_nxt) == 0:
             self.rcv_nxt = (self.rcv_nxt + 1) & MASK
             self.fin = must_ack = True
@@ -338,7 +354,7 @@ def run(link, port, lport, case):
         return "got " + ("mpa-reject" if len(c.rx) >= 20 and c.rx[16] & 0x20 else "something else")
     # The zero-window cases: a 4 KiB window the READ response fills, so it closes the way a receiver's does
     # (its right edge never moves back; a window cut from 1 MiB to 0 would be a shrink, which lwIP ignores).
-    window = 4096 if case.startswith("zero-window") else None
+    window = 4096 if case.startswith("zero-window") else 16384 if case == "window-shrink" else None
     c, off0, addr, stag = established(link, port, lport, case, deadline, window)
     try:
         return play(c, case, off0, addr, stag, deadline)
@@ -418,10 +434,53 @@ def play(c, case, off0, addr, stag, deadline):
         want = bytes(REGION_PATTERN(i) for i in range(READ_LEN))
         ok = "ok" if data == want else "wrong (%d bytes)" % len(data)
         return "got read-response %s probes=%d flood=%d" % (ok, c.probes_while_shut, flood)
+    if case in ("rst-in-window", "syn-in-window", "ack-unsent"):
+        stream = sends(case)
+        half = len(stream) // 2
+        c.deliver(stream[:half], deadline, off0)
+        c.pump(0.2)  # the server's ACKs of that half are in
+        nxt = (c.base + c.una) & MASK  # the server's next expected byte: all we sent is acknowledged
+        before = c.pure_acks
+        if case == "rst-in-window":
+            c.send(nxt + 1000, RST)  # in the 1 MiB window, not at its left edge
+        elif case == "syn-in-window":
+            c.send(nxt + 1000, SYN, opts=struct.pack("!BBH", 2, 4, MSS))
+        else:
+            # A pure ACK at our next byte acknowledging 64 KiB the server never sent (send() acks rcv_nxt).
+            rcv_nxt = c.rcv_nxt
+            c.rcv_nxt = (rcv_nxt + 65536) & MASK
+            c.send(nxt, ACK)
+            c.rcv_nxt = rcv_nxt
+        c.pump(0.3)
+        answered = c.pure_acks - before
+        if case == "rst-in-window":
+            c.send(nxt + (512 << 20), RST)  # far outside the window: dropped without a word
+            c.pump(0.2)
+        c.deliver(stream, deadline, off0)
+        c.pump(0.2)
+        return "got all acknowledged answered=%d%s" % (answered, " then reset" if c.reset else "")
+    if case == "window-shrink":
+        c.shrink_at = (8192, 1024)
+        c.deliver(hostile.fpdu(hostile.read_request(1, 0x1234, 0, READ_LEN, stag, addr)), deadline, off0)
+        while c.shrink_at is not None and time.time() < deadline and not c.reset:
+            c.pump(0.01)
+        got_before = len(c.rx)
+        t0 = time.time()
+        while time.time() - t0 < 0.3 and not c.reset:
+            c.pump(0.01)
+        held = len(c.rx)
+        c.edge, c.adv = None, 60000
+        c.ack()
+        t1 = time.time()
+        data = read_fpdus(c, deadline, READ_LEN)
+        want = bytes(REGION_PATTERN(i) for i in range(READ_LEN))
+        ok = "ok" if data == want else "wrong (%d bytes)" % len(data)
+        return "got read-response %s shrunk-at=%d held=%d then %.2f s" % (ok, got_before, held, time.time() - t1)
     raise RuntimeError("unknown case " + case)
 
 
-ALL = ["reorder", "overlap", "stale-conflict", "ooseq-flood", "zero-window", "zero-window-forever"]
+ALL = ["reorder", "overlap", "stale-conflict", "ooseq-flood", "zero-window", "zero-window-forever",
+       "rst-in-window", "syn-in-window", "ack-unsent", "window-shrink"]
 
 
 def main():
