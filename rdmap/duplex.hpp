@@ -42,6 +42,7 @@ public:
     bool tx_ready() const { return tx_.tx_ready(); }
 
     // ---- RX (the rx endpoint): mpa UlpduHandler ----
+    void begin_input() { rx_.begin_input(); }
     std::size_t ulpdu_header_length(std::uint16_t ctrl) { return rx_.ulpdu_header_length(ctrl); }
     ProtoStatus on_ulpdu_header(std::span<const std::byte> hdr, std::size_t payload_len) {
         return after_rx(rx_.on_ulpdu_header(hdr, payload_len));
@@ -68,7 +69,7 @@ public:
     }
     const std::optional<TermCode>& error() const { return rx_.error() ? rx_.error() : tx_.error(); }
     std::uint32_t orq_outstanding() const { return tx_.orq_outstanding(); }
-    std::uint32_t irq_outstanding() const { return rx_.irq_outstanding(); }
+    std::uint32_t irq_outstanding() const { return tx_.irq_outstanding(); }  // held by tx until answered
     std::uint64_t placed_bytes() const { return rx_.placed_bytes(); }
     void count_cycles(std::uint64_t* rx_callbacks, std::uint64_t* framer) {
         rx_.count_cycles(rx_callbacks, nullptr);

@@ -144,9 +144,10 @@ void Endpoint::enter_error_received(TermCode code, const TerminateHeader& th, st
 std::uint32_t Endpoint::orq_outstanding() const {
     return role_ == Role::tx ? orq_sent_ : static_cast<std::uint32_t>(orq_.size());
 }
-// rx counts the requests it accepted minus those tx answered; tx holds them (answer) until answered.
+// rx counts the requests it accepted minus those tx had answered when this input began; tx holds them (answer)
+// until answered.
 std::uint32_t Endpoint::irq_outstanding() const {
-    if (role_ == Role::rx) return irq_in_ - (cfg_.answered != nullptr ? cfg_.answered->load(std::memory_order_acquire) : 0);
+    if (role_ == Role::rx) return irq_in_ - answered_seen_;
     return static_cast<std::uint32_t>(irq_.size());
 }
 void Endpoint::push_orq(const OrqEntry& e) {  // tx: a request framed

@@ -147,6 +147,12 @@ public:
     const std::optional<TermCode>& error() const { return error_; }
     std::uint32_t orq_outstanding() const;
     std::uint32_t irq_outstanding() const;
+    // Role rx, at the start of each input (rdmap::receive): takes the tx side's `answered` count once, so every
+    // request in one delivery counts against IRD as of its arrival. Read per request instead, the result raced
+    // the other thread (an RX thread saw four requests at IRD 2 answered or refused by timing alone).
+    void begin_input() {
+        if (role_ == Role::rx && cfg_.answered != nullptr) answered_seen_ = cfg_.answered->load(std::memory_order_acquire);
+    }
     // DDP payload bytes placed into upper-layer memory so far (tagged and untagged), for copy accounting.
     std::uint64_t placed_bytes() const { return placed_bytes_; }
     // Cost accounting (off unless set): cycles spent in the RX callbacks (DDP/RDMAP receive work, placement
@@ -240,7 +246,8 @@ private:
     Ring<OrqEntry> orq_;     // sized by cfg.ord: a READ/atomic is not sent while ORD requests are outstanding
     Ring<IrqEntry> irq_;     // sized by cfg.ird: an inbound request beyond IRD is a TERMINATE
     std::uint32_t orq_sent_{0};  // role tx: requests framed and not yet request_done()
-    std::uint32_t irq_in_{0};    // role rx: inbound requests accepted (minus *cfg_.answered = outstanding)
+    std::uint32_t irq_in_{0};    // role rx: inbound requests accepted (minus answered_seen_ = outstanding)
+    std::uint32_t answered_seen_{0};  // role rx: *cfg_.answered as of this input's start (begin_input)
     TxSrc tx_src_{TxSrc::none};
     std::uint8_t tx_phase_{0};   // 0: the WR's main message; 1: its trailing Immediate Data message
     std::size_t tx_sent_{0};     // payload bytes of the current message already framed

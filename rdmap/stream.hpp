@@ -37,6 +37,7 @@ private:
 // failed and built its TERMINATE).
 template <class Receiver>
 ProtoStatus receive(mpa::Deframer<Receiver>& deframer, Receiver& ep, std::span<const std::byte> in) {
+    ep.begin_input();
     const ProtoStatus st = deframer.feed(in, ep);
     if (st) ep.on_llp_error(*st);
     return st;

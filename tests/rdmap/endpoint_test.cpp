@@ -711,6 +711,42 @@ TEST_CASE("TERMINATE: tagged placement errors", "[rdmap][terminate]") {
     }
 }
 
+// With an RX thread the rx endpoint counts inbound requests against IRD while the other thread answers them.
+// Here the "other thread" answers each request the moment it is accepted (the worst timing): requests of one
+// input still count as of its start, so three in one input at IRD 2 end the stream, while a later input sees
+// the answers. Read per request (as before), the third was accepted or refused depending on timing.
+TEST_CASE("IRD: an rx endpoint counts one input's requests as of its start", "[rdmap][terminate]") {
+    struct InstantAnswer final : FakeUpper {
+        std::atomic<std::uint32_t>* answered{nullptr};
+        void on_inbound_request(const rdmap::IrqEntry&) override { answered->fetch_add(1); }
+    };
+    std::atomic<std::uint32_t> answered{0};
+    InstantAnswer upper;
+    upper.answered = &answered;
+    upper.add_region(0x300, 64, bit(Access::remote_read));
+    rdmap::Endpoint ep(rdmap::Role::rx, upper, rdmap::no_framer(), rdmap::Config{.ird = 2, .answered = &answered});
+    mpa::Deframer<rdmap::Endpoint> rx(mpa::DeframerConfig{true, false, 0});
+    auto reads = [](std::uint32_t first, std::uint32_t n) {
+        std::vector<std::byte> all;
+        for (std::uint32_t i = 0; i < n; ++i) {
+            const auto f = make_fpdu(read_request(first + i, ReadRequest{1, 0, 8, 0x300, 0}));
+            all.insert(all.end(), f.begin(), f.end());
+        }
+        return all;
+    };
+    SECTION("two inputs of two: each within IRD once the previous are answered") {
+        CHECK_FALSE(rdmap::receive(rx, ep, reads(1, 2)).has_value());
+        CHECK_FALSE(rdmap::receive(rx, ep, reads(3, 2)).has_value());
+        CHECK(ep.state() == rdmap::State::operational);
+        CHECK(answered.load() == 4);
+    }
+    SECTION("three in one input: the third is beyond IRD") {
+        CHECK(rdmap::receive(rx, ep, reads(1, 3)) == err::o_catastrophic_stream);
+        CHECK(ep.state() == rdmap::State::error);
+        CHECK(answered.load() == 2);
+    }
+}
+
 TEST_CASE("TERMINATE: READ request checks", "[rdmap][terminate]") {
     SECTION("more READs than our IRD") {
         SideConfig c;

@@ -46,7 +46,7 @@ struct Region {
     std::size_t chunk{0};  // >0: answer lookups in pieces ending at multiples of `chunk` (non-contiguous pages)
 };
 
-class FakeUpper final : public rdmap::Upper {
+class FakeUpper : public rdmap::Upper {
 public:
     std::map<std::uint32_t, Region> regions;
     std::deque<std::vector<std::byte>> posted;               // receive buffers, oldest first
