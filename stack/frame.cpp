@@ -63,6 +63,10 @@ void cut_payload(std::byte* frame, std::uint32_t hdr_len) noexcept {
     std::byte* ip = frame + 14;
     const std::uint32_t ihl = (std::to_integer<std::uint32_t>(ip[0]) & 0x0f) * 4;
     put_be16(ip + 2, static_cast<std::uint16_t>(hdr_len - 14));
+    // A FIN sits after the payload (sequence number seq + payload length). Kept on a segment cut to seq + 0,
+    // lwIP would queue the FIN out of order at seq and, once the gap before it filled, end the stream there, the
+    // cut payload never acknowledged: the peer's FIN never taken. The peer resends the FIN with its payload.
+    ip[ihl + 13] &= ~std::byte{0x01};
     std::memset(ip + 10, 0, 2);
     const auto sum = static_cast<std::uint16_t>(~fold(sum_words(ip, ihl)));
     std::memcpy(ip + 10, &sum, 2);  // host-order sum stored as is: network order (see sum_words)

@@ -33,8 +33,9 @@ bool tcp_checksum_ok(const std::byte* frame, const TcpFrame& f) noexcept;
 bool ip_checksum_ok(const std::byte* frame, const TcpFrame& f) noexcept;
 
 // Rewrites the IPv4 header of a frame parse_tcp_frame accepted so that its segment carries no payload (total
-// length cut to the headers, header checksum redone): what lwIP is given for a segment whose payload is
-// dropped (the RX thread's gap frames: lwIP sees the headers, the peer gets a duplicate ACK).
+// length cut to the headers, header checksum redone, FIN cleared): what lwIP is given for a segment whose
+// payload is dropped (the RX thread's gap frames: lwIP sees the headers, the peer gets a duplicate ACK). The TCP
+// checksum is left as it was (wrong now): lwIP does not check it for frames the RX thread followed.
 void cut_payload(std::byte* frame, std::uint32_t hdr_len) noexcept;
 
 // TCP sequence space comparison (RFC 1982 serial arithmetic): a comes after b.

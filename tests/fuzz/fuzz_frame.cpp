@@ -66,8 +66,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     const std::uint32_t pseudo = sum_be(f, 26, 8) + 6 + tcp_len;
     FUZZ_CHECK(stack::tcp_checksum_ok(f.data(), v) == (fold(pseudo + sum_be(f, 14 + ihl, tcp_len)) == 0xffff));
 
-    // What the RX thread gives lwIP for a segment whose payload it drops.
+    // What the RX thread gives lwIP for a segment whose payload it drops: no payload, no FIN, other flags kept.
+    const std::uint8_t flags = std::to_integer<std::uint8_t>(f[14 + ihl + 13]);
     stack::cut_payload(f.data(), v.hdr_len);
+    FUZZ_CHECK(std::to_integer<std::uint8_t>(f[14 + ihl + 13]) == (flags & 0xfe));
     const stack::TcpFrame c = stack::parse_tcp_frame(f.data(), len);
     FUZZ_CHECK(c.valid);
     FUZZ_CHECK(c.payload_len == 0 && c.hdr_len == v.hdr_len && c.seq == v.seq && c.ihl == v.ihl);

@@ -56,12 +56,19 @@ TEST_CASE("frame parser: fields, checksums, cut_payload", "[stack][frame]") {
             f[i] ^= std::byte{0x10};
         }
 
+        // A FIN on the segment (after its payload) does not survive the cut; the other flags do.
+        const std::size_t flags = 14 + v.ihl + 13;
+        f[flags] |= std::byte{0x01};
+        const std::byte others = f[flags] & ~std::byte{0x01};
         stack::cut_payload(f.data(), v.hdr_len);
         const stack::TcpFrame c = stack::parse_tcp_frame(f.data(), len);
         REQUIRE(c.valid);
         CHECK(c.payload_len == 0);
         CHECK(c.hdr_len == v.hdr_len);
+        CHECK(c.seq == v.seq);
         CHECK(stack::ip_checksum_ok(f.data(), c));
+        CHECK((f[flags] & std::byte{0x01}) == std::byte{0});
+        CHECK(f[flags] == others);
     }
     CHECK(with_payload >= 3);
 }

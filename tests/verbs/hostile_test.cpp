@@ -446,8 +446,8 @@ TEST_CASE("a hostile peer: every misbehaviour draws the RFC's answer, the server
 // ---- a raw TCP peer (tests/verbs/rawtcp.py) -------------------------------------------------------------
 // TCP segments crafted by hand from an address the kernel does not own: out of order, overlapping, stale
 // copies with other bytes, a flood past a hole and past the window, a receive window held shut while the peer
-// answers every probe, blind RST/SYN/ACK injection (RFC 5961), a window that shrinks. The server below takes one
-// connection per case and says what reached its memory.
+// answers every probe, blind RST/SYN/ACK injection (RFC 5961), a window that shrinks, a FIN ahead of a hole. The
+// server below takes one connection per case and says what reached its memory.
 namespace {
 
 constexpr std::size_t kRawRead = 64 * 1024;                // READ source, filled with raw_pattern
@@ -642,6 +642,18 @@ TEST_CASE("a raw TCP peer: reordered, overlapping and stale segments, a flood pa
             CHECK(std::atoi(field(wire.at(name), "answered").c_str()) >= 1);  // the challenge ACK
             CHECK(wire.at(name).find("then reset") == std::string::npos);   // recv=32: it went on after
         }
+    }
+    // The FIN's segment ahead of a hole: every SEND arrives, the FIN is taken once the hole fills (with the RX
+    // thread, a FIN left on the segment cut to its headers once ended the stream where its payload began).
+    if (played("fin-after-gap")) {
+        INFO("case fin-after-gap");
+        REQUIRE(wire.count("fin-after-gap") == 1);
+        REQUIRE(seen.count("fin-after-gap") == 1);
+        REQUIRE(expect.count("fin-after-gap") == 1);
+        CHECK(wire.at("fin-after-gap").rfind("got fin-acked", 0) == 0);
+        CHECK(field(seen.at("fin-after-gap"), "recv") == "32");
+        CHECK(field(seen.at("fin-after-gap"), "hashes") == expect.at("fin-after-gap"));
+        CHECK(field(seen.at("fin-after-gap"), "ended") == "yes");
     }
     if (played("ooseq-flood")) {
         INFO("case ooseq-flood");

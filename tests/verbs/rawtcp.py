@@ -459,6 +459,33 @@ def play(c, case, off0, addr, stag, deadline):
         c.deliver(stream, deadline, off0)
         c.pump(0.2)
         return "got all acknowledged answered=%d%s" % (answered, " then reset" if c.reset else "")
+    if case == "fin-after-gap":
+        # The last segment, carrying the FIN, arrives before the one ahead of it: the FIN must be taken after
+        # that segment's payload, not where the payload starts. Then, as a TCP would, what is not acknowledged
+        # is sent again every 0.25 s (the FIN on the last piece) until the FIN is.
+        stream = sends(case)
+        end = off0 + len(stream)
+        a, b = len(stream) - 1400, len(stream) - 700
+        c.deliver(stream[:a], deadline, off0)
+        c.send(c.base + off0 + b, ACK | PSH | FIN, stream[b:])
+        c.pump(0.1)
+        c.send_at(off0 + a, stream[a:b])
+        t0, resends = time.time(), 0
+        while c.una < end + 1 and time.time() < deadline and not c.reset:
+            c.pump(0.05)
+            if c.una < end + 1 and time.time() - t0 > 0.25 * (resends + 1):
+                resends += 1
+                off = max(c.una, off0)
+                while True:
+                    n = min(MSS, end - off)
+                    last = off + n >= end
+                    c.send(c.base + off, ACK | PSH | (FIN if last else 0), stream[off - off0:off - off0 + n])
+                    off += n
+                    if last:
+                        break
+        if c.una < end + 1:
+            return "got fin-unacked at %d of %d resends=%d" % (c.una - off0, len(stream) + 1, resends)
+        return "got fin-acked after %.2f s resends=%d" % (time.time() - t0, resends)
     if case == "window-shrink":
         c.shrink_at = (8192, 1024)
         c.deliver(hostile.fpdu(hostile.read_request(1, 0x1234, 0, READ_LEN, stag, addr)), deadline, off0)
@@ -480,7 +507,7 @@ def play(c, case, off0, addr, stag, deadline):
 
 
 ALL = ["reorder", "overlap", "stale-conflict", "ooseq-flood", "zero-window", "zero-window-forever",
-       "rst-in-window", "syn-in-window", "ack-unsent", "window-shrink"]
+       "rst-in-window", "syn-in-window", "ack-unsent", "window-shrink", "fin-after-gap"]
 
 
 def main():
