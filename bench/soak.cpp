@@ -339,12 +339,13 @@ struct Idle {
 };
 
 // The pools after teardown (as tests/support's finish_checks): every connection closed, TIME_WAIT dropped.
+// Driven through the Context: with an RX thread only it takes received frames to lwIP.
 std::string pools_back(verbs::Context& ctx, const stack::PoolUsage& baseline) {
     auto& st = ctx.impl().stack();
-    st.run_until([&] { return st.active_pcbs() == 0; }, 10s);
-    st.run_until([] { return false; }, 20ms);
+    ctx.run_until([&] { return st.active_pcbs() == 0; }, 10s);
+    ctx.run_until([] { return false; }, 20ms);
     st.purge_time_wait();
-    st.run_until([] { return false; }, 30ms);
+    ctx.run_until([] { return false; }, 30ms);
     return baseline.diff(st.pool_usage());
 }
 

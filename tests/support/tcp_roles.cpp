@@ -166,18 +166,23 @@ struct StreamSource : TcpConnection::Handler {
 }  // namespace
 
 // Waits for every connection to finish closing, drops TIME_WAIT, and compares pools with the start.
-int finish_checks(stack::Stack& stack, io::Port& port, const stack::PoolUsage& baseline, int rc) {
-    stack.run_until([&] { return stack.active_pcbs() == 0; }, 10s);
+int finish_checks(stack::Stack& stack, io::Port& port, const stack::PoolUsage& baseline, int rc,
+                  const RunUntil& run_given) {
+    const RunUntil run = run_given ? run_given : RunUntil([&stack](const std::function<bool()>& done,
+                                                                   std::chrono::milliseconds t) {
+        return stack.run_until(done, t);
+    });
+    run([&] { return stack.active_pcbs() == 0; }, 10s);
     const std::string still_open = stack.describe_active_pcbs();
     // A little longer: the last ACK of the peer's close must go out.
-    stack.run_until([] { return false; }, 20ms);
+    run([] { return false; }, 20ms);
     // With fault injection that ACK may be lost, and the peer, in LAST_ACK, resends its FIN until answered: stay
     // in TIME_WAIT, answering, until the peer has finished too (its port gone: link down), at most 3 s. Purging
     // at once left the peer's pcb retransmitting to nobody past its own 10 s wait (faults case, ASan, RX thread).
-    if (port.faults_on() && stack.time_wait_pcbs() != 0) stack.run_until([&] { return !port.link_up(); }, 3s);
+    if (port.faults_on() && stack.time_wait_pcbs() != 0) run([&] { return !port.link_up(); }, 3s);
     stack.purge_time_wait();
     // lwIP's TCP timer stops re-arming itself one tick after the last pcb is gone.
-    stack.run_until([] { return false; }, 30ms);
+    run([] { return false; }, 30ms);
     const std::string diff = baseline.diff(stack.pool_usage());
     if (!diff.empty()) {
         report("pools not back to start: " + diff);

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "io/port.hpp"
@@ -27,8 +28,12 @@ std::pair<PeerConfig, PeerConfig> memif_pair(std::uint16_t mtu = 1500);
 // The end of every two-process role: waits for every connection to finish closing, drops TIME_WAIT, compares
 // lwIP's pools and DPDK's mempool with `baseline` (taken right after the stack was built), reports
 // "pools back to start" or what differs plus the stack/port counters. Returns rc, or 3 if rc was 0 and the
-// pools differ.
-int finish_checks(stack::Stack& stack, io::Port& port, const stack::PoolUsage& baseline, int rc);
+// pools differ. `run` drives the process while it waits (run(done, timeout): true once done() held); empty:
+// stack.run_until. A verbs Context must pass its own run_until: with an RX thread the stack alone never sees a
+// frame (the Context drains the RX thread's ring), so the peer's last ACKs and FINs were never taken.
+using RunUntil = std::function<bool(const std::function<bool()>&, std::chrono::milliseconds)>;
+int finish_checks(stack::Stack& stack, io::Port& port, const stack::PoolUsage& baseline, int rc,
+                  const RunUntil& run = {});
 
 // Moves this process into the network namespace `name` ("" = stay): before opening a port in it.
 void enter_netns(const std::string& name);

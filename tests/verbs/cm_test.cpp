@@ -381,11 +381,14 @@ TEST_CASE("1024 QPs, every queue full: 8 SENDs of 1 KiB each way on each, the ni
             }, 30s);
             report("disconnected " + std::to_string(down));
             ctx->run_until([] { return false; }, 200ms);
+            if (const auto r = verbs::diagnostics::rx_thread(*ctx))
+                report("rx thread frames=" + std::to_string(r->frames) + " dropped=" + std::to_string(r->dropped) +
+                       " out_of_order=" + std::to_string(r->out_of_order) + " stalled_turns=" + std::to_string(r->stalled_turns));
             if (cq->overruns() != 0) throw std::runtime_error("CQ overruns");
             ids.clear();
             qps.clear();
             mr.reset();
-            return finish_checks(ctx->impl().stack(), ctx->impl().port(), baseline, rc);
+            return finish_context(*ctx, baseline, rc);
         }
     };
     auto server = [](const PeerConfig& cfg) {

@@ -30,6 +30,15 @@ using verbs::WcStatus;
 
 inline constexpr auto kWait = 10s;
 
+// finish_checks for a role that opened a verbs Context: waits through the Context (with an RX thread, only it
+// takes received frames to lwIP).
+inline int finish_context(verbs::Context& ctx, const stack::PoolUsage& baseline, int rc) {
+    return finish_checks(ctx.impl().stack(), ctx.impl().port(), baseline, rc,
+                         [&ctx](const std::function<bool()>& done, std::chrono::milliseconds t) {
+                             return ctx.run_until(done, t);
+                         });
+}
+
 // The threading mode of this run (meson's suites 'verbs' and 'verbs_rx_thread').
 inline threading::ThreadingConfig test_threading() {
     threading::ThreadingConfig t;
@@ -200,7 +209,7 @@ struct Peer {
         listener.reset();
         qp.reset();
         mr.reset();
-        return finish_checks(ctx->impl().stack(), ctx->impl().port(), baseline, rc);
+        return finish_context(*ctx, baseline, rc);
     }
 };
 

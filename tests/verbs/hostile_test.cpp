@@ -211,7 +211,7 @@ int hostile_server(const PeerConfig& cfg) {
         ctx->run_until([&] { return ctx->impl().stack().active_pcbs() == 0; }, 3s);
         conns.clear();
     }
-    return finish_checks(ctx->impl().stack(), ctx->impl().port(), baseline, rc);
+    return finish_context(*ctx, baseline, rc);
 }
 
 // What each case must draw. `wire`: how the script's line after "hostile CASE: " starts; `server`: a part of
@@ -587,7 +587,7 @@ int raw_server(const PeerConfig& cfg) {
         ctx->run_until([&] { return ctx->impl().stack().active_pcbs() == 0; }, 3s);
         conns.clear();
     }
-    return finish_checks(ctx->impl().stack(), ctx->impl().port(), baseline, rc);
+    return finish_context(*ctx, baseline, rc);
 }
 
 }  // namespace
