@@ -287,7 +287,7 @@ TEST_CASE("disconnect right after posting 8 MiB: everything completes, the peer 
     check_outcomes(run_pair(server, client));
 }
 
-TEST_CASE("1024 QPs, every queue full: 8 SENDs of 1 KiB each way on each, the ninth refused, all checked", "[verbs][memif][tsan-slow][limits]") {
+TEST_CASE("1024 QPs, every queue full: 8 SENDs of 1 KiB each way on each, the ninth refused, all checked", "[verbs][memif][limits]") {
     constexpr std::uint32_t kQps = 1024;
     constexpr std::uint32_t kDepth = 8;     // max_send_wr = max_recv_wr, all posted at once
     constexpr std::uint32_t kLen = 1024;

@@ -144,7 +144,7 @@ TEST_CASE("WRITE_WITH_IMM, SEND_WITH_IMM, fetch-add and compare-swap", "[verbs][
     check_outcomes(run_pair(server, client));
 }
 
-TEST_CASE("1 GiB of WRITEs with content check", "[verbs][memif][tsan-slow]") {
+TEST_CASE("1 GiB of WRITEs with content check", "[verbs][memif]") {
     constexpr std::size_t kRegion = 16 << 20;
     constexpr int kWrites = 256;  // 4 MiB each, round the 16 MiB region: 1 GiB
     constexpr std::uint32_t kLen = 4 << 20;
