@@ -61,8 +61,9 @@ private:
     std::size_t batch_{0};  // one segment: the most a batch framed in a TX chunk holds
     std::size_t off_{0};
     std::size_t len_{0};
-    // Frame in place in TX chunks (zero-copy transmit) when segments are this large (see pump()): large segments.
-    static constexpr std::uint32_t kZeroCopyMinSegment = 16384;
+    // Frame in place in TX chunks (zero-copy transmit) when segments are this large (see pump()): MTU 9000 (8960)
+    // and large segments.
+    static constexpr std::uint32_t kZeroCopyMinSegment = 8192;
     bool zero_copy_{false};
     bool gate_{false};
     std::uint64_t written_{0};

@@ -150,9 +150,9 @@ TEST_CASE("1 % of every fault in both directions over 256 MiB of WRITE, READ and
     run_faults(256, 1500, test_threading().mode == ThreadingMode::run_to_completion);
 }
 
-// Jumbo frames. Run to completion: large segments go out zero-copy (FPDUs framed in TX chunks; each frame a
-// header mbuf and the chunk's bytes), retransmissions read the same chunk bytes, corruption happens in a copy of
-// the frame. RX thread: 8960-byte segments, copied.
+// Jumbo frames, zero-copy transmit in both modes (FPDUs framed in TX chunks; each frame a header mbuf and the
+// chunk's bytes; retransmissions read the same chunk bytes, corruption happens in a copy of the frame). Run to
+// completion: large segments; RX thread: 8960-byte segments.
 TEST_CASE("MTU 9000: 1 % of every fault in both directions over 72 MiB of WRITE, READ and SEND",
           "[verbs][memif][faults][tsan-slow]") {
     run_faults(72, 9000, test_threading().mode == ThreadingMode::run_to_completion);
