@@ -135,14 +135,14 @@ struct Options {
     std::uint32_t max_size = 256u << 10;
     unsigned stall_s = 10;
     bool corrupt_self_test = false;
-    bool large_segments = false;  // verbs::ContextConfig::large_segments
+    bool large_segments = verbs::ContextConfig{}.large_segments;  // on by default (rtc only)
     std::uint16_t tcp_port = 7600;
 };
 
 const char* usage =
     "usage: soak [--seconds S | --minutes M] [--qps N] [--threading rtc|rx_thread] [--faults RATE|off]\n"
     "            [--seed N] [--min-size B] [--max-size B] [--depth D] [--stall S] [--self-test-corrupt]\n"
-    "            [--large-segments]\n"
+    "            [--large-segments | --mtu-segments]\n"
     "  --seconds/--minutes  run time (default 10 minutes)\n"
     "  --qps N              QPs, each connected through the CM (default 16)\n"
     "  --threading MODE     rtc (run to completion) or rx_thread (default)\n"
@@ -153,7 +153,8 @@ const char* usage =
     "  --depth D            operations in flight per QP (default 8, at most 16)\n"
     "  --stall S            FAIL after S seconds without a completion (default 10)\n"
     "  --self-test-corrupt  corrupt one SEND on purpose: the verdict must be FAIL\n"
-    "  --large-segments     TCP segments up to 64 KiB (memif, rtc; ContextConfig::large_segments)\n";
+    "  --large-segments     TCP segments up to 64 KiB (memif, rtc; ContextConfig::large_segments; the default)\n"
+    "  --mtu-segments       MTU-sized TCP segments instead\n";
 
 // ---- deterministic parameters ----------------------------------------------------------------------------
 std::uint64_t mix(std::uint64_t x) {
@@ -1086,6 +1087,7 @@ bool parse(int argc, char** argv, Options& o) {
         else if (a == "--port") o.tcp_port = static_cast<std::uint16_t>(number());
         else if (a == "--self-test-corrupt") o.corrupt_self_test = true;
         else if (a == "--large-segments") o.large_segments = true;
+        else if (a == "--mtu-segments") o.large_segments = false;
         else if (a == "--threading") {
             const std::string v = value();
             if (v == "rtc" || v == "run_to_completion") o.threading = ThreadingMode::run_to_completion;

@@ -296,7 +296,7 @@ def measure_softrdma(a, out):
         try:
             run([exe] + args + ["--mtu", str(a.mtu), "--threading", a.threading, "--json", path,
                                 "--timeout", "10", "--deadline", str(deadline)] +
-                (["--large-segments"] if a.large_segments else []),
+                ([] if a.large_segments else ["--mtu-segments"]),
                 deadline + 15, os.path.join(out, "raw", f"softrdma-{name}.log"))
             test, kind, by_size = parse_rdma_perf(path)
             res[name] = {"test": test, "kind": kind, "results": by_size}
@@ -455,7 +455,7 @@ def fmt(v):
 
 def render(rows, status, meta):
     head = ["", "unit", "raw memif floor", "kernel TCP (veth)",
-            "softrdma (large segments)" if meta.get("large_segments") else "softrdma", "softrdma / floor",
+            "softrdma" if meta.get("large_segments", True) else "softrdma (MTU-sized segments)", "softrdma / floor",
             "softrdma vs kernel TCP", "stock perftest on softrdma"]
     body = []
     for _key, label, unit, better, f, k, s, pt in rows:
@@ -470,7 +470,7 @@ def render(rows, status, meta):
     notes.append(f"- {meta['when']}, commit {meta['commit'] or 'unknown'}, {meta['host']}, {meta['cpus']} CPUs, "
                  f"load average at start {meta['load_start']:.2f} (end {meta['load_end']:.2f}); "
                  f"{'--quick (short runs)' if meta['quick'] else 'full run'}, MTU {meta['mtu']}" +
-                 (", softrdma with --large-segments (stock perftest without)" if meta.get("large_segments") else ""))
+                 ("" if meta.get("large_segments", True) else ", softrdma with --mtu-segments (stock perftest without)"))
     if meta["load_start"] > 1.0 or meta["load_end"] > 1.0:
         notes.append("- other work was running on this 2-core machine during the run: figures are noisy")
     notes.append("- medians from this run; latency lower is better, bandwidth and message rate higher is better; "
@@ -578,8 +578,9 @@ def main(argv=None):
     p.add_argument("--mtu", type=int, default=1500, choices=[1500, 9000], help="MTU of the veth pair and of rdma_perf")
     p.add_argument("--threading", default="rtc", choices=["rtc", "rx-thread"], help="rdma_perf --threading")
     p.add_argument("--rdma-perf", help="rdma_perf executable (default BUILD/bench/rdma_perf)")
-    p.add_argument("--large-segments", action="store_true",
-                   help="rdma_perf --large-segments: TCP segments up to 64 KiB on memif (ContextConfig::large_segments)")
+    p.add_argument("--mtu-segments", dest="large_segments", action="store_false",
+                   help="rdma_perf --mtu-segments: MTU-sized TCP segments instead of large ones (up to 64 KiB on "
+                        "memif in run-to-completion, ContextConfig::large_segments, the default)")
     a = p.parse_args(argv)
     a.build = os.path.realpath(os.path.join(top, a.build) if not os.path.isabs(a.build) else a.build)
     if "kernel" not in a.skip and os.geteuid() != 0:

@@ -74,7 +74,8 @@ void usage(const char* argv0) {
         "  -o, --outs N        READ/atomic: IRD/ORD, outstanding requests (default min(tx depth, 128))\n"
         "  --crc               require MPA CRC (default off)\n"
         "  --large-segments    TCP segments up to 64 KiB on memif in run-to-completion mode, FPDUs still sized\n"
-        "                      for the MTU (ContextConfig::large_segments; default: MTU-sized segments)\n"
+        "                      for the MTU (ContextConfig::large_segments; the default)\n"
+        "  --mtu-segments      MTU-sized TCP segments instead (large_segments off)\n"
         "  --layers            after each row, the client's cycles per message by layer (io, lwip, mpa+crc,\n"
         "                      ddp/rdmap, verbs); run-to-completion only; costs a few ns per message\n"
         "  --mtu 1500|9000     port MTU (default 1500)\n"
@@ -197,6 +198,8 @@ bool parse(int argc, char** argv, Options& o, int& exit_code) {
             o.crc = true;
         } else if (a == "--large-segments") {
             o.large_segments = true;
+        } else if (a == "--mtu-segments") {
+            o.large_segments = false;
         } else if (a == "--layers") {
             o.layers = true;
         } else if (a == "--mtu") {

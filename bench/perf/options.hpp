@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "io/port.hpp"
+#include <softrdma/verbs.hpp>
 
 namespace softrdma::perf {
 
@@ -73,8 +74,9 @@ struct Options {
     std::uint16_t mtu{1500};
     bool no_huge{false};
     bool crc{false};
-    // memif in run-to-completion: TCP segments up to 64 KiB (verbs::ContextConfig::large_segments; off by default)
-    bool large_segments{false};
+    // memif in run-to-completion: TCP segments up to 64 KiB (verbs::ContextConfig::large_segments, on by
+    // default; --mtu-segments turns it off)
+    bool large_segments{verbs::ContextConfig{}.large_segments};
     bool layers{false};  // print where the client's cycles went, by layer (verbs::LayerCycles; rtc only)
     std::string cpu;            // local: "A,B" (server core, client core); server/client: "N"
     std::string json;           // write the run as JSON here

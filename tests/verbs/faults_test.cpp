@@ -138,7 +138,7 @@ void run_faults(std::uint64_t mib, std::uint16_t mtu, bool zero_copy) {
                                 {"client", [&, c = c] { return client(c); }, 200ms}},
                                240s);
     g_checksums_on = false;
-    g_large_segments = false;
+    g_large_segments = kDefaultLargeSegments;
     check_outcomes(out);
     for (const auto& o : out) WARN(o.name << ": " << o.report);
 }

@@ -53,8 +53,10 @@ inline threading::ThreadingConfig test_threading() {
 // TCP checksums on in every Peer made from here on (memif leaves them off by default; both ends must agree):
 // set before forking the roles.
 inline bool g_checksums_on = false;
-// ContextConfig::large_segments for the Peers of the next run (set in the parent before the roles fork).
-inline bool g_large_segments = false;
+// ContextConfig::large_segments for the Peers of the next run (set in the parent before the roles fork);
+// the library's default unless a test says otherwise.
+inline const bool kDefaultLargeSegments = verbs::ContextConfig{}.large_segments;
+inline bool g_large_segments = kDefaultLargeSegments;
 
 // What each side tells the other in its MPA private data: one region.
 struct RemoteRegion {

@@ -245,7 +245,7 @@ SegmentWalk walk_fpdu_exchange(bool large) {
     };
     g_large_segments = large;
     const auto outcome = run_pair(server, client);
-    g_large_segments = false;
+    g_large_segments = kDefaultLargeSegments;
     check_outcomes(outcome);
 
     // Walk every TCP segment with payload: after each direction's first one (the MPA Request / Reply), a
