@@ -472,11 +472,11 @@ void Qp::release_first_fpdu() noexcept {
 
 void Qp::start_stream(stack::TcpConnection& tcp, const mpa::Agreed& agreed, const StreamParams& p) {
     tcp_ = &tcp;
-    // FPDUs are sized for the link's MTU (MULPDU from EMSS, RFC 5044); a segment may carry several of them
-    // (large segments, stack::StackConfig), never less than one.
+    // FPDUs are sized for the segment (MULPDU from EMSS, RFC 5044), at most 8960 bytes (TxHalf::start): at
+    // MTU 1500 and 9000 one FPDU fills a segment; a large segment (stack::StackConfig) carries several.
     const std::uint32_t mss = tcp.mss();
     const std::uint32_t segment = mss != 0 ? mss : 536;
-    const std::uint32_t emss = std::min(segment, tcp.stack().wire_mss());
+    const std::uint32_t emss = segment;
     Engine::Prof* prof = engine_.prof();
     rdmap::Config ecfg{.sq_depth = cap_.max_send_wr + 2 /* + the RTR and a first-FPDU nudge */, .ird = agreed.ird,
                        .ord = agreed.ord, .answered = &answered_, .rfc7306 = p.rfc7306,
