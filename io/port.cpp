@@ -36,8 +36,11 @@ constexpr std::uint32_t kStackHeldFrames = 4096;
 
 // memif ring geometry we ask for: 2^11 slots per direction; one buffer holds a whole frame (no descriptor
 // chains) up to 9000-byte MTUs. Large frames (PortConfig::memif_large_frames): 64 KiB - 64 buffers (near memif.s
-// largest), 2^8 of them (16 MiB a direction: 2^9, whose 32 MiB overflow the cache, halved the bandwidth; 2^6 refused frames). Never chains: see PortConfig::memif_large_frames.
-unsigned memif_log2_ring(const PortConfig& cfg) { return cfg.memif_large_frames ? 8 : 11; }
+// largest), 2^7 of them (8 MiB a direction). The ring's buffers are used in turn, so all of it stays in the
+// cache's working set: 2^9 (32 MiB) halved the bandwidth; 2^8 (16 MiB) left 8 MiB WRITEs at 4181-5378 MiB/s
+// against 5804-7040 with 2^7 (three pairs; their 8 MiB source and target fit better beside it in the 32 MiB
+// L3), 64 KiB messages the same; 2^6 was no better. Never chains: see PortConfig::memif_large_frames.
+unsigned memif_log2_ring(const PortConfig& cfg) { return cfg.memif_large_frames ? 7 : 11; }
 unsigned memif_buffer_size(const PortConfig& cfg) {
     if (cfg.memif_large_frames) return 65472;  // 64-byte aligned, >= the largest frame (stack::kLargeSegmentMtu + 14)
     return cfg.mtu + kEthHeader > 2048 ? 10240 : 2048;
