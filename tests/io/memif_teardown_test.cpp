@@ -43,7 +43,12 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 constexpr auto kBudget = 18s;          // rounds start until this much time has passed (per test case)
-constexpr unsigned kMinRounds = 12;    // fewer than this in the budget: the test did not test enough
+// Fewer rounds than this in the budget: the test did not test enough. SOFTRDMA_TEARDOWN_MIN_ROUNDS lowers it
+// where everything runs slower (the ThreadSanitizer run: 11 to 13 rounds there).
+unsigned min_rounds() {
+    const char* v = std::getenv("SOFTRDMA_TEARDOWN_MIN_ROUNDS");
+    return v != nullptr && std::atoi(v) > 0 ? static_cast<unsigned>(std::atoi(v)) : 12u;
+}
 constexpr auto kLinkWait = 5s;         // a side waits at most this long for the link, the first frame, or the end
 constexpr unsigned kBurst = 32;
 
@@ -365,9 +370,10 @@ void run_case(bool long_lived_server) {
     CHECK(out[0].exit_code == 0);
     CHECK(out[1].exit_code == 0);
     // Both orders happened often enough to mean something.
-    CHECK(field(out[0].report, "rounds") >= kMinRounds);
-    CHECK(field(out[0].report, "peer_left") >= kMinRounds / 4);
-    CHECK(field(out[0].report, "we_left") >= kMinRounds / 4);
+    const unsigned want = min_rounds();
+    CHECK(field(out[0].report, "rounds") >= want);
+    CHECK(field(out[0].report, "peer_left") >= want / 4);
+    CHECK(field(out[0].report, "we_left") >= want / 4);
     CHECK(field(out[0].report, "frames_checked") > 0);
     // A departure the peer's DPDK never noticed (it then closed cleanly anyway): rare; more is a regression.
     CHECK(field(out[1].report, "missed_departures") <= 2);
