@@ -138,7 +138,6 @@ Stack::~Stack() {
     g_stack = nullptr;
 }
 
-std::uint32_t Stack::wire_mss() const noexcept { return port_.mtu() - 40u; }
 
 void Stack::assert_owner() const noexcept {
     assert(std::this_thread::get_id() == owner_ && "lwIP used from a thread that does not own the stack");

@@ -49,7 +49,7 @@ struct StackConfig {
     // kLargeSegmentMss bytes go over the link as one frame, as the kernel's veth carries GSO/GRO
     // super-frames. The netif MTU is then kLargeSegmentMtu and the SYN advertises that MSS; a peer that
     // advertises less (an RX-thread process, another memif application) gets segments of its size. Protocols
-    // above frame for wire_mss() (the port's MTU) still. Ignored on other backends.
+    // above size their frames for the segment (verbs: FPDUs of up to 8960 bytes). Ignored on other backends.
     bool large_segments = false;
 };
 
@@ -128,9 +128,6 @@ public:
     // Forgets cycles counted since `earlier` (an idle polling turn is waiting, not work).
     void rewind_cycles(const StackCycles& earlier) noexcept { cycles_ = earlier; }
     io::Port& port() noexcept { return port_; }
-    // TCP payload bytes per segment on the port's MTU (MTU - 40): what an FPDU is sized for, whatever segments
-    // carry it (large segments).
-    std::uint32_t wire_mss() const noexcept;
     Ipv4 address() const noexcept { return cfg_.ip.address; }
 
     // Debug builds: aborts unless called on the owner thread.
