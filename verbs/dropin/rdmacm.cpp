@@ -18,6 +18,7 @@
 #include <map>
 #include <vector>
 
+#include "base/log.hpp"
 #include "verbs/dropin/objects.hpp"
 
 namespace softrdma::dropin {
@@ -284,7 +285,8 @@ int rdma_listen(rdma_cm_id* id, int) {
     }
     try {
         i->listener = rt->ctx().listen(i->src_port);
-    } catch (const std::exception&) {
+    } catch (const std::exception& e) {
+        log::warn("rdma_listen: {}", e.what());
         errno = EADDRINUSE;
         return -1;
     }
@@ -367,12 +369,15 @@ int rdma_connect(rdma_cm_id* id, rdma_conn_param* param) {
     Guard g(*rt);
     Id* i = of_id(id);
     if (id->qp == nullptr || i->dst.be == 0) {
-        errno = EINVAL;  // rdma_create_qp and rdma_resolve_addr first
+        log::warn("rdma_connect: {}",
+                  id->qp == nullptr ? "no QP (rdma_create_qp first)" : "no address (rdma_resolve_addr first)");
+        errno = EINVAL;
         return -1;
     }
     try {
         i->cm = rt->ctx().connect(i->dst, i->dst_port, *of(id->qp)->h, conn_param(*rt, param));
-    } catch (const std::exception&) {
+    } catch (const std::exception& e) {
+        log::warn("rdma_connect: {}", e.what());  // the program sees errno only
         errno = EINVAL;
         return -1;
     }
