@@ -294,6 +294,7 @@ std::size_t Endpoint::frame(std::span<std::byte> out, std::size_t hdr_len, std::
     const std::size_t n = framer_.write(out, std::span<const std::byte>(hdr_tx_).first(hdr_len),
                                         std::span<const std::span<const std::byte>>(pieces_).first(npieces));
     if (prof_framer_ != nullptr) *prof_framer_ += cycles_now() - t0;
+    if (n != 0) framed_bytes_ += ulpdu - hdr_len;
     return n;
 }
 

@@ -155,6 +155,8 @@ public:
     }
     // DDP payload bytes placed into upper-layer memory so far (tagged and untagged), for copy accounting.
     std::uint64_t placed_bytes() const { return placed_bytes_; }
+    // DDP payload bytes framed for sending so far (role tx: the gather copy's payload), for copy accounting.
+    std::uint64_t framed_bytes() const { return framed_bytes_; }
     // Cost accounting (off unless set): cycles spent in the RX callbacks (DDP/RDMAP receive work, placement
     // and, when MPA CRC is on, the CRC fused into the copy) and in the framer (MPA framing, markers, CRC and
     // the gather copy) are added to these counters. Borrowed; null = off.
@@ -268,6 +270,7 @@ private:
     std::optional<Completion> held_recv_{};
     bool rx_merge_imm_{false};  // the segment being received is such an Immediate Data message
     std::uint64_t placed_bytes_{0};
+    std::uint64_t framed_bytes_{0};
     std::uint64_t* prof_rx_{nullptr};
     std::uint64_t* prof_framer_{nullptr};
     // Received TERMINATE's attached bytes: DDP Segment Length + the largest header a TERMINATE can carry

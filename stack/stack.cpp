@@ -65,6 +65,18 @@ void rx_pbuf_free(pbuf* p) {
 
 Stack* g_stack = nullptr;
 
+// TCP payload bytes of an outgoing frame (StackCounters::tx_copied_out): lwIP writes the Ethernet, IPv4 and
+// TCP headers into the first pbuf. 0 for anything else (ARP).
+std::uint32_t tcp_payload_len(const pbuf* p) noexcept {
+    const auto* b = static_cast<const std::uint8_t*>(p->payload);
+    constexpr std::uint32_t kEth = 14;
+    if (p->len < kEth + 20 || b[12] != 0x08 || b[13] != 0x00 || b[kEth + 9] != IP_PROTO_TCP) return 0;
+    const std::uint32_t ihl = (b[kEth] & 0x0fu) * 4u;
+    if (p->len < kEth + ihl + 13) return 0;
+    const std::uint32_t headers = kEth + ihl + (b[kEth + ihl + 12] >> 4) * 4u;
+    return p->tot_len > headers ? p->tot_len - headers : 0;
+}
+
 }  // namespace
 
 std::string PoolUsage::diff(const PoolUsage& later) const {
@@ -189,9 +201,10 @@ signed char Stack::link_output(netif* nif, pbuf* p) {
         ++self->counters_.tx_deferred;
         return ERR_MEM;
     }
+    std::uint32_t attached = 0;  // payload bytes sent by reference (the rest of the TCP payload is copied)
     if (chained || !linear) {
         // (a first pbuf too big for one mbuf: lwIP appended our bytes to a segment it copied; copy it all)
-        const bool ok = chained && p->len <= self->port_.mbuf_data_room() ? self->chain_payload(m, p, *arena)
+        const bool ok = chained && p->len <= self->port_.mbuf_data_room() ? self->chain_payload(m, p, *arena, attached)
                                                                            : self->copy_chain(m, p);
         if (!ok) {
             rte_pktmbuf_free(m);
@@ -205,6 +218,7 @@ signed char Stack::link_output(netif* nif, pbuf* p) {
     }
     self->tx_queue_[self->tx_tail_++] = m;
     ++self->counters_.tx_frames;
+    self->counters_.tx_copied_out += tcp_payload_len(p) - std::min(attached, tcp_payload_len(p));
     return ERR_OK;
 }
 
@@ -232,7 +246,7 @@ bool Stack::copy_chain(rte_mbuf* head, pbuf* p) noexcept {
 // Builds the zero-copy frame in `head` (a fresh mbuf): p's first pbuf (the headers lwIP wrote; it fits) copied, each
 // further pbuf attached from the arena, or copied when small or not arena memory. False when out of mbufs
 // (the caller frees `head`, which frees what was chained to it).
-bool Stack::chain_payload(rte_mbuf* head, pbuf* p, io::TxArena& arena) noexcept {
+bool Stack::chain_payload(rte_mbuf* head, pbuf* p, io::TxArena& arena, std::uint32_t& attached) noexcept {
     const std::uint32_t room = port_.mbuf_data_room();
     std::memcpy(rte_pktmbuf_mtod(head, void*), p->payload, p->len);
     head->data_len = p->len;
@@ -250,6 +264,7 @@ bool Stack::chain_payload(rte_mbuf* head, pbuf* p, io::TxArena& arena) noexcept 
         if (n == nullptr) return false;
         if (c >= 0) {
             arena.attach(n, c, q->payload, q->len);
+            attached += q->len;
             tail_copies = false;
         } else {  // a copied piece too big for the tail (lwIP split a segment into its own memory)
             std::memcpy(rte_pktmbuf_mtod(n, void*), q->payload, q->len);

@@ -124,6 +124,8 @@ public:
     // lwIP's TCP/IP counters in one line (xmit, recv, drop, memerr, checksum and protocol errors).
     std::string protocol_counters() const;
     const StackCounters& counters() const noexcept { return counters_; }
+    // TcpConnection::write: lwIP copied `n` bytes out of the caller's buffer (TxCopyStats).
+    void count_tx_copy_in(std::size_t n) noexcept { counters_.tx_copied_in += n; }
     const StackCycles& cycles() const noexcept { return cycles_; }
     // Forgets cycles counted since `earlier` (an idle polling turn is waiting, not work).
     void rewind_cycles(const StackCycles& earlier) noexcept { cycles_ = earlier; }
@@ -163,7 +165,7 @@ private:
     // Releases the orphan's chunks and forgets it; `pcb_alive`: its callbacks are cleared first.
     void drop_orphan(TxOrphan* o, bool pcb_alive) noexcept;
     std::vector<std::unique_ptr<TxOrphan>> orphans_;
-    bool chain_payload(rte_mbuf* head, pbuf* p, io::TxArena& arena) noexcept;
+    bool chain_payload(rte_mbuf* head, pbuf* p, io::TxArena& arena, std::uint32_t& attached) noexcept;
     bool copy_chain(rte_mbuf* head, pbuf* p) noexcept;
     // Zero-copy transmit: payload pieces shorter than this are copied into the header mbuf instead.
     static constexpr std::uint16_t kCopyBreak = 256;

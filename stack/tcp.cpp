@@ -146,6 +146,7 @@ std::size_t TcpConnection::write_flags(std::span<const std::byte> data, std::uin
         if (n == 0 || tcp_write(pcb_, data.data() + done, static_cast<u16_t>(n), flags) != ERR_OK) break;
         done += n;
     }
+    if ((flags & TCP_WRITE_FLAG_COPY) != 0) stack_.count_tx_copy_in(done);
     return done;
 }
 

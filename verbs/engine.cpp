@@ -414,6 +414,12 @@ RxCopyStats Engine::rx_copy_stats() const noexcept {
     return s;
 }
 
+TxCopyStats Engine::tx_copy_stats() const noexcept {
+    const StackCounters& c = stack_->counters();
+    // The gather copy moves each framed payload byte once; lwIP's and the frame's copies are counted as made.
+    return TxCopyStats{.payload_bytes = framed_bytes_, .copied_bytes = framed_bytes_ + c.tx_copied_in + c.tx_copied_out};
+}
+
 LayerCycles Engine::layer_cycles() const noexcept {
     const stack::StackCycles& st = stack_->cycles();
     LayerCycles l;
@@ -533,6 +539,7 @@ PortCounters port(const Context& ctx) noexcept { return ctx.impl().port().counte
 StackCounters stack(const Context& ctx) noexcept { return ctx.impl().stack().counters(); }
 std::optional<RxThreadCounters> rx_thread(const Context& ctx) noexcept { return ctx.impl().rx_thread_counters(); }
 RxCopyStats rx_copies(const Context& ctx) noexcept { return ctx.impl().rx_copy_stats(); }
+TxCopyStats tx_copies(const Context& ctx) noexcept { return ctx.impl().tx_copy_stats(); }
 LayerCycles layer_cycles(const Context& ctx) noexcept { return ctx.impl().layer_cycles(); }
 unsigned tcp_connections(const Context& ctx) noexcept { return ctx.impl().stack().active_pcbs(); }
 }  // namespace diagnostics

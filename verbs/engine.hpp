@@ -84,6 +84,7 @@ public:
     boost::lockfree::spsc_queue<std::uint16_t>* doorbell() noexcept { return doorbell_.get(); }
     void push_async(const AsyncEvent& e) noexcept;
     std::atomic<std::uint64_t>& placed_bytes() noexcept { return placed_bytes_; }
+    std::uint64_t& framed_bytes() noexcept { return framed_bytes_; }
 
     // Layer accounting (ContextConfig::layer_cycles; application thread); the pointers are null when off.
     struct Prof {
@@ -117,6 +118,7 @@ public:
     std::optional<AsyncEvent> get_async_event() noexcept;
     std::uint64_t async_dropped() const noexcept { return async_dropped_; }
     RxCopyStats rx_copy_stats() const noexcept;
+    TxCopyStats tx_copy_stats() const noexcept;
     std::optional<threading::RxCounters> rx_thread_counters() const noexcept;
     LayerCycles layer_cycles() const noexcept;
     std::uint64_t refused_connections() const noexcept { return refused_connections_; }
@@ -141,6 +143,7 @@ private:
     MemoryTable mem_;
     Prof prof_;
     std::atomic<std::uint64_t> placed_bytes_{0};  // RxCopyStats::payload_bytes (either thread, relaxed)
+    std::uint64_t framed_bytes_{0};               // TxCopyStats::payload_bytes (the application thread's)
     // RX thread mode: flow ids and the doorbell. Sizing: max_qp each, allocated at open; a flow is on the
     // doorbell at most once (RxEventRing's `rung` flag), so it never overflows.
     std::vector<Qp*> flows_;

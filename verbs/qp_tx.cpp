@@ -9,7 +9,7 @@
 namespace softrdma::verbs::detail {
 
 void TxHalf::start(rdmap::Upper& upper, const mpa::Agreed& agreed, std::uint32_t emss, std::uint32_t segment,
-                   const rdmap::Config& cfg,
+                   const rdmap::Config& cfg, std::uint64_t& framed_total,
                    std::uint64_t* cycles_framer, std::uint64_t* cycles_proto, std::uint64_t* cycles_lwip) {
     ep_.reset();
     framer_.reset();
@@ -19,6 +19,7 @@ void TxHalf::start(rdmap::Upper& upper, const mpa::Agreed& agreed, std::uint32_t
     framer_.emplace(*fpdu_tx_);
     ep_.emplace(rdmap::Role::tx, upper, *framer_, cfg);
     if (cycles_framer != nullptr) ep_->count_cycles(nullptr, cycles_framer);
+    framed_total_ = &framed_total;
     cycles_proto_ = cycles_proto;
     cycles_lwip_ = cycles_lwip;
     buf_.assign(std::max<std::uint32_t>(std::min(segment, kCopyBatchMax), 64), std::byte{0});
@@ -81,8 +82,10 @@ bool TxHalf::pump(stack::TcpConnection& tcp) noexcept {
         const bool in_place = !out.empty();
         if (!in_place) out = std::span<std::byte>(buf_).first(std::min(buf_.size(), space));
         const std::uint64_t t0 = cycles_proto_ != nullptr ? cycles_now() : 0;
+        const std::uint64_t framed0 = ep_->framed_bytes();
         const std::size_t n = ep_->pull_tx(out);
         if (cycles_proto_ != nullptr) *cycles_proto_ += cycles_now() - t0;
+        *framed_total_ += ep_->framed_bytes() - framed0;
         if (n == 0) {
             again = true;  // the next FPDU does not fit the send buffer yet
             break;

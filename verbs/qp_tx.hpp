@@ -27,8 +27,9 @@ class TxHalf {
 public:
     // A new stream (control path). `cycles_framer` / `cycles_proto` / `cycles_lwip` (null = off): layer accounting.
     // `emss`: what FPDUs are sized for; `segment`: the TCP segment size (the batch of FPDUs pump() hands over).
+    // `framed_total`: DDP payload bytes framed are added to it (TxCopyStats; borrowed, the Engine's).
     void start(rdmap::Upper& upper, const mpa::Agreed& agreed, std::uint32_t emss, std::uint32_t segment,
-               const rdmap::Config& cfg,
+               const rdmap::Config& cfg, std::uint64_t& framed_total,
                std::uint64_t* cycles_framer, std::uint64_t* cycles_proto, std::uint64_t* cycles_lwip);
     bool started() const noexcept { return ep_.has_value(); }
     rdmap::Endpoint& ep() noexcept { return *ep_; }
@@ -67,6 +68,7 @@ private:
     bool zero_copy_{false};
     bool gate_{false};
     std::uint64_t written_{0};
+    std::uint64_t* framed_total_{nullptr};
     std::uint64_t* cycles_proto_{nullptr};
     std::uint64_t* cycles_lwip_{nullptr};
 };

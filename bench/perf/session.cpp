@@ -500,9 +500,14 @@ private:
     void run_client_phase(std::uint32_t k) {
         (void)k;
         const verbs::LayerCycles l0 = o_.layers ? verbs::diagnostics::layer_cycles(*ctx_) : verbs::LayerCycles{};
+        const verbs::TxCopyStats tx0 = verbs::diagnostics::tx_copies(*ctx_);
         if (p_.kind == Kind::lat) lat_client();
         else bw_client();
         if (o_.layers) {  // warmup included: the same per-message work
+            const verbs::TxCopyStats tx1 = verbs::diagnostics::tx_copies(*ctx_);
+            const verbs::TxCopyStats tx{tx1.payload_bytes - tx0.payload_bytes, tx1.copied_bytes - tx0.copied_bytes};
+            std::printf("# client TX copies per payload byte: %.3f (%llu payload bytes framed)\n",
+                        tx.copies_per_payload_byte(), static_cast<unsigned long long>(tx.payload_bytes));
             const std::uint64_t msgs = std::uint64_t{ph_.iters} + ph_.warmup;
             std::string t = verbs::diagnostics::layer_cycles(*ctx_).since(l0).table(msgs);
             std::printf("# client cycles per %s by layer:\n", p_.kind == Kind::lat ? "iteration" : "message");

@@ -33,6 +33,9 @@ struct StackCounters {
                                     // segment or ACK and sends it again on its next output (lost only if not TCP)
     std::uint64_t unsent_reordered = 0;  // a connection's send queue put back in sequence order after lwIP's
                                          // retransmission timeout misordered it (Stack::reorder_unsent)
+    // Copies on the transmit path (TxCopyStats), counted over TCP payload:
+    std::uint64_t tx_copied_in = 0;   // bytes lwIP copied out of the sender's buffer (TcpConnection::write)
+    std::uint64_t tx_copied_out = 0;  // TCP payload copied into mbufs (frames not sent by reference to TX chunks)
 };
 
 // The dedicated RX thread (ThreadingMode::rx_thread).
@@ -77,12 +80,28 @@ struct RxCopyStats {
     }
 };
 
+// Copies on the transmit path, the counterpart of RxCopyStats. `payload_bytes`: DDP payload bytes framed for
+// sending (SEND, WRITE, READ responses; retransmissions are TCP's and not framed again). `copied_bytes`: bytes
+// moved by our copies between the source buffer and the driver: the gather copy that frames each FPDU (its
+// payload), lwIP's copy of what it was handed by value and the copy into mbufs (both over TCP payload, so
+// headers, CRCs and TCP retransmissions count too). Zero-copy transmit (a TX arena, segments of 8 KiB or more)
+// leaves the gather copy alone: about 1. The driver's own copies (memif in copy mode, af_packet) are not ours
+// and not counted, as on the receive side.
+struct TxCopyStats {
+    std::uint64_t payload_bytes = 0;
+    std::uint64_t copied_bytes = 0;
+    double copies_per_payload_byte() const noexcept {
+        return payload_bytes == 0 ? 0.0 : static_cast<double>(copied_bytes) / static_cast<double>(payload_bytes);
+    }
+};
+
 namespace diagnostics {
 PortCounters port(const Context& ctx) noexcept;
 StackCounters stack(const Context& ctx) noexcept;
 // nullopt when running to completion.
 std::optional<RxThreadCounters> rx_thread(const Context& ctx) noexcept;
 RxCopyStats rx_copies(const Context& ctx) noexcept;
+TxCopyStats tx_copies(const Context& ctx) noexcept;
 // All zero unless ContextConfig::layer_cycles (run-to-completion mode only).
 LayerCycles layer_cycles(const Context& ctx) noexcept;
 // TCP connections not yet fully closed (a closing handshake still under way counts).
