@@ -20,10 +20,15 @@ namespace {
 // to a few ticks as round trips are measured (as it already went in long connections).
 constexpr std::chrono::milliseconds kInitialRto{200};
 
-void seed_rto(tcp_pcb* pcb) noexcept {
-    pcb->sv = static_cast<s16_t>(kInitialRto.count() / TCP_SLOW_INTERVAL);
+void seed_rto(tcp_pcb* pcb, std::chrono::milliseconds rto = kInitialRto) noexcept {
+    pcb->sv = static_cast<s16_t>(rto.count() / TCP_SLOW_INTERVAL);
     pcb->rto = static_cast<s16_t>((pcb->sa >> 3) + pcb->sv);
 }
+
+// A SYN unanswered is sent again after this long: RFC 6298's initial RTO (2.1) and Linux's, where lwIP's is 3 s.
+// lwIP does not back off in SYN_SENT, so a connect tries every second until its deadline (stack::connect, 5 s
+// by default): five SYNs where there were two (a SYN or its ARP request lost while the peer's port came up).
+constexpr std::chrono::milliseconds kSynRto{1000};
 
 }  // namespace
 
@@ -409,6 +414,7 @@ std::unique_ptr<TcpConnection> connect(Stack& stack, Ipv4 address, std::uint16_t
     if (pcb == nullptr) throw std::runtime_error("lwIP: no free TCP pcb (MEMP_NUM_TCP_PCB in lwipopts.h)");
     std::unique_ptr<TcpConnection> conn(new TcpConnection(stack, pcb, &handler, false));
     conn->connect_deadline_ = std::chrono::steady_clock::now() + timeout;
+    seed_rto(pcb, kSynRto);
     conn->attach();
     ip_addr_t ip;
     ip_addr_set_ip4_u32(&ip, address.be);
