@@ -10,6 +10,7 @@
 // must match the table below; the server must serve every case and end with its pools at their start.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <cstdlib>
@@ -699,4 +700,48 @@ TEST_CASE("a raw TCP peer: reordered, overlapping and stale segments, a flood pa
         CHECK(seen.at("zero-window-forever").find("receive window closed") != std::string::npos);
         CHECK(seen.at("zero-window-forever").find("qp=ERR") != std::string::npos);
     }
+}
+
+TEST_CASE("an unanswered SYN is sent again after a second (RFC 6298's initial RTO; lwIP's own is 3 s)",
+          "[verbs][af_packet]") {
+    std::string why;
+    if (!VethPair::can_create(why) || std::system("command -v python3 >/dev/null 2>&1") != 0) {
+        WARN("skipped: " << (why.empty() ? "needs python3" : why));
+        return;
+    }
+    VethPair veth;
+    auto [client, peer] = memif_pair();
+    client.port = io::PortConfig{};
+    client.port.backend = Backend::af_packet;
+    client.port.iface = veth.if_a;
+    client.netns = veth.ns_a;
+    // The script (at the peer's address, which the kernel's end of the veth does not have) leaves the attempt's
+    // SYNs unanswered for 2.5 s, then refuses it: the stack's connect reports refused.
+    const std::string out = "/tmp/" + unique_name("synpeer-") + ".txt";
+    const std::string cmd = "ip netns exec " + veth.ns_b + " python3 " + std::string(SOFTRDMA_SOURCE_DIR) +
+                            "/tests/verbs/synpeer.py " + veth.if_b + " " + client.peer.str() + " " +
+                            client.stack.ip.address.str() + " " + std::to_string(client.tcp_port) + " >" + out + " 2>&1";
+    const auto outcomes = run_with_script("SYN peer", [&] { return refused_client(client); }, cmd, out, 60s);
+    const auto wire = lines_after(outcomes[1].report, "raw ");
+    REQUIRE(wire.count("syn") == 1);
+    const std::string& w = wire.at("syn");
+    CHECK(w.find("same=yes") != std::string::npos);  // the same SYN again, not a new attempt
+    // When each SYN came, in seconds after the first the script saw. That first may be late (sent when ARP
+    // resolved, the script starting after the connect) and come twice a few ms apart (queued behind ARP and sent
+    // as it resolved), so the check is on the retransmissions' cadence: attempts more than 0.3 s apart, at least
+    // three in the 3.2 s watched, the later ones a second apart. lwIP's own 3 s gives two at most.
+    std::vector<double> at;
+    const auto from = w.find("at=") + 3;
+    std::istringstream times(w.substr(from, w.find(' ', from) - from));
+    for (std::string t; std::getline(times, t, ',');) at.push_back(std::atof(t.c_str()));
+    std::vector<double> attempts;
+    for (const double t : at)
+        if (attempts.empty() || t - attempts.back() > 0.3) attempts.push_back(t);
+    INFO("SYNs at " << w);
+    REQUIRE(attempts.size() >= 3);
+    for (std::size_t i = 2; i < attempts.size(); ++i) {
+        CHECK(attempts[i] - attempts[i - 1] >= 0.7);
+        CHECK(attempts[i] - attempts[i - 1] <= 1.5);
+    }
+    CHECK(outcomes[0].report.find("connection refused") != std::string::npos);
 }
