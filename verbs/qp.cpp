@@ -358,11 +358,13 @@ void Qp::apply(const RxEvent& e) noexcept {
         // have been seen first); one we would send while closing is only the flush of a lost stream.
         if (!term_ && (e.received || !closing_)) note_terminate(TerminateInfo{e.code, e.received, e.raw, e.cause});
         if (e.received && e.first_status != WcStatus::wr_flush_err) fail_status_ = e.first_status;
+        // ERR first: letting go of the receive half flushes the requests framed after it failed (RxHalf::stop),
+        // which are older than anything still in the send queue; then the tx half flushes that queue.
+        if (state_ != QpState::err) enter_error();
         if (tx_.started()) {
             if (e.received) tx_.ep().stop(e.code);
             else tx_.ep().send_terminate(e.code, std::span<const std::byte>(e.term).first(e.term_len));
         }
-        if (state_ != QpState::err) enter_error();
         fail_status_.reset();  // taken by the oldest WR flushed, if any
         break;
     case RxEvent::Kind::first_bytes: note_rx_start(); break;

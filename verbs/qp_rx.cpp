@@ -129,6 +129,13 @@ void RxHalf::deliver(std::span<const std::byte> bytes) noexcept {
 
 void RxHalf::stop() noexcept {
     if (ep_ && ep_->state() == rdmap::State::operational) ep_->stop(mpa::kTermConnectionLost);
+    // Requests the tx half framed that the endpoint never took: none arrived for it since (the stream died with
+    // a READ just sent), or it had failed already (an ORD credit that a completion gave back was spent before
+    // the TERMINATE's event reached the tx half: with an RX thread the two events can be drained apart). They
+    // are flushed after the endpoint's own, which are older. Before this they were never completed.
+    OrqMsg m;
+    while (orq_.pop(m))
+        sink_->emit(RxEvent{.kind = RxEvent::Kind::request_done, .slot = m.e.wr_id, .status = WcStatus::wr_flush_err});
 }
 
 rdmap::Mem RxHalf::tagged(std::uint32_t stag, std::uint64_t to, std::size_t len, rdmap::Access acc) {
