@@ -345,9 +345,13 @@ void Qp::apply(const RxEvent& e) noexcept {
     switch (e.kind) {
     case RxEvent::Kind::recv: complete(recv_cq_, e.wc); break;
     case RxEvent::Kind::request_done:
-        if (tx_.started()) tx_.ep().request_done();  // an ORD credit back
+        // An ORD credit back when the response came; not for a request the stream's end flushed or killed (a
+        // TERMINATE's event follows): spent on the next READ, it would put that READ, and what is queued behind
+        // it, on the wire before that event arrives (with an RX thread the two may be drained apart), and they
+        // would complete out of posting order. Left queued, the stream's end flushes them in order.
+        if (e.answered && tx_.started()) tx_.ep().request_done();
         if (e.slot < sq_.size()) complete_send(static_cast<std::uint32_t>(e.slot), e.status);
-        if (tx_.started() && tx_.ep().tx_ready()) schedule_tx();
+        if (e.answered && tx_.started() && tx_.ep().tx_ready()) schedule_tx();
         break;
     case RxEvent::Kind::inbound:
         if (tx_.started()) tx_.ep().answer(e.irq);

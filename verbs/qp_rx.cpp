@@ -135,7 +135,8 @@ void RxHalf::stop() noexcept {
     // are flushed after the endpoint's own, which are older. Before this they were never completed.
     OrqMsg m;
     while (orq_.pop(m))
-        sink_->emit(RxEvent{.kind = RxEvent::Kind::request_done, .slot = m.e.wr_id, .status = WcStatus::wr_flush_err});
+        sink_->emit(RxEvent{.kind = RxEvent::Kind::request_done, .slot = m.e.wr_id, .status = WcStatus::wr_flush_err,
+                            .answered = false});
 }
 
 rdmap::Mem RxHalf::tagged(std::uint32_t stag, std::uint64_t to, std::size_t len, rdmap::Access acc) {
@@ -185,7 +186,8 @@ void RxHalf::on_completion(const rdmap::Completion& c) {
         else
             st = WcStatus::loc_prot_err;
     }
-    sink_->emit(RxEvent{.kind = RxEvent::Kind::request_done, .slot = c.wr_id, .status = st});
+    sink_->emit(RxEvent{.kind = RxEvent::Kind::request_done, .slot = c.wr_id, .status = st,
+                        .answered = c.status == rdmap::WcStatus::success});
 }
 
 // The stream failed here, or the peer's TERMINATE arrived. The event goes out when the endpoint call returns

@@ -86,6 +86,8 @@ struct RxEvent {
     WorkCompletion wc{};          // recv
     std::uint64_t slot{0};        // request_done: the endpoint wr_id (send slot, or the RTR's)
     WcStatus status{WcStatus::success};  // request_done: completed, flushed, or its sink deregistered (loc_prot_err)
+    // request_done: its response came (an ORD credit back); false when the stream's end flushed or killed it.
+    bool answered{true};
     rdmap::IrqEntry irq{};        // inbound: answer it (tx half)
     TermCode code{};              // terminate
     std::uint32_t raw{0};         // terminate: the control word as on the wire
