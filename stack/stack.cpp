@@ -218,7 +218,8 @@ signed char Stack::link_output(netif* nif, pbuf* p) {
     }
     self->tx_queue_[self->tx_tail_++] = m;
     ++self->counters_.tx_frames;
-    self->counters_.tx_copied_out += tcp_payload_len(p) - std::min(attached, tcp_payload_len(p));
+    const std::uint32_t payload = tcp_payload_len(p);
+    self->counters_.tx_copied_out += payload - std::min(attached, payload);
     return ERR_OK;
 }
 

@@ -363,6 +363,15 @@ std::map<std::string, std::string> lines_after(const std::string& text, const st
     return out;
 }
 
+// `cfg` moved onto the veth pair's first end (af_packet, in its namespace); the script peer runs on the other.
+PeerConfig on_veth(PeerConfig cfg, const VethPair& veth) {
+    cfg.port = io::PortConfig{};
+    cfg.port.backend = Backend::af_packet;
+    cfg.port.iface = veth.if_a;
+    cfg.netns = veth.ns_a;
+    return cfg;
+}
+
 // A server role beside a script peer run by `cmd` (whose output goes to `out`: read back as that role's report,
 // then removed). Both must end within `limit` with exit code 0; outcomes in that order (server, script).
 std::vector<ChildOutcome> run_with_script(const char* label, std::function<int()> server, const std::string& cmd,
@@ -403,10 +412,7 @@ TEST_CASE("a hostile peer: every misbehaviour draws the RFC's answer, the server
     }
     VethPair veth;
     auto [server, client] = memif_pair();
-    server.port = io::PortConfig{};
-    server.port.backend = Backend::af_packet;
-    server.port.iface = veth.if_a;
-    server.netns = veth.ns_a;
+    server = on_veth(server, veth);
     // The kernel plays the peer on the other end, with real checksums (veth offloads them otherwise).
     const std::string kernel_ip = client.stack.ip.address.str();
     REQUIRE(std::system(("ip -n " + veth.ns_b + " addr add " + kernel_ip + "/24 dev " + veth.if_b).c_str()) == 0);
@@ -603,10 +609,7 @@ TEST_CASE("a raw TCP peer: reordered, overlapping and stale segments, a flood pa
     }
     VethPair veth;
     auto [server, client] = memif_pair();
-    server.port = io::PortConfig{};
-    server.port.backend = Backend::af_packet;
-    server.port.iface = veth.if_a;
-    server.netns = veth.ns_a;
+    server = on_veth(server, veth);
     // The raw peer's address is not the kernel's (no address on that end at all): the kernel neither answers
     // its ARP nor resets its connections.
     const std::string out = "/tmp/" + unique_name("rawtcp-") + ".txt";
@@ -711,12 +714,9 @@ TEST_CASE("an unanswered SYN is sent again after a second (RFC 6298's initial RT
     }
     VethPair veth;
     auto [client, peer] = memif_pair();
-    client.port = io::PortConfig{};
-    client.port.backend = Backend::af_packet;
-    client.port.iface = veth.if_a;
-    client.netns = veth.ns_a;
+    client = on_veth(client, veth);
     // The script (at the peer's address, which the kernel's end of the veth does not have) leaves the attempt's
-    // SYNs unanswered for 2.5 s, then refuses it: the stack's connect reports refused.
+    // SYNs unanswered for 3.2 s, then refuses it: the stack's connect reports refused.
     const std::string out = "/tmp/" + unique_name("synpeer-") + ".txt";
     const std::string cmd = "ip netns exec " + veth.ns_b + " python3 " + std::string(SOFTRDMA_SOURCE_DIR) +
                             "/tests/verbs/synpeer.py " + veth.if_b + " " + client.peer.str() + " " +

@@ -111,6 +111,14 @@ void check_death(const std::vector<ChildOutcome>& out, int client_exit) {
     }
 }
 
+// A client that dies (SIGKILL) right after its established event.
+int killed_after_connect(const PeerConfig& cfg) {
+    Peer p(cfg, 4096, kAll);
+    p.connect();
+    ::raise(SIGKILL);
+    return 1;
+}
+
 }  // namespace
 
 TEST_CASE("a peer killed while idle: keepalive reports it within idle + probes x interval, receives flushed, "
@@ -138,13 +146,7 @@ TEST_CASE("a peer killed while idle: keepalive reports it within idle + probes x
         serve_again(p);
         return p.end(0);
     };
-    auto client = [&](const PeerConfig& cfg) {
-        Peer p(cfg, 4096, kAll);
-        p.connect();
-        ::raise(SIGKILL);
-        return 1;
-    };
-    check_death(run_three(server, client, 2500ms), 128 + SIGKILL);
+    check_death(run_three(server, killed_after_connect, 2500ms), 128 + SIGKILL);
 }
 
 TEST_CASE("a peer killed with a READ outstanding: the READ completes (retry_exc_err), not lost",
@@ -172,13 +174,7 @@ TEST_CASE("a peer killed with a READ outstanding: the READ completes (retry_exc_
         serve_again(p);
         return p.end(0);
     };
-    auto client = [&](const PeerConfig& cfg) {
-        Peer p(cfg, 4096, kAll);
-        p.connect();
-        ::raise(SIGKILL);
-        return 1;
-    };
-    check_death(run_three(server, client, 2500ms), 128 + SIGKILL);
+    check_death(run_three(server, killed_after_connect, 2500ms), 128 + SIGKILL);
 }
 
 TEST_CASE("a peer killed in the middle of a transfer: the user timeout ends it, the oldest WR retry_exc_err, "
