@@ -129,9 +129,13 @@ public:
     // Used by the thread that calls tx_burst (see TxArena).
     TxArena* tx_arena() noexcept { return tx_arena_.get(); }
     const TxArena* tx_arena() const noexcept { return tx_arena_.get(); }
-    // Mbufs currently out of the pool (in rings, held by the stack, or in flight), for leak checks.
+    // Mbufs currently out of the pools (in rings, held by the stack, or in flight), for leak checks; both pools
+    // with large frames.
     unsigned mbufs_in_use() const noexcept;
     unsigned mbufs_total() const noexcept;
+    // The largest frame one RX mbuf holds with large frames (the most an mbuf's 16-bit data room allows): each
+    // received frame of up to this size lands whole in one mbuf of the RX pool (see rx_pool_).
+    static constexpr std::uint32_t kLargeRxFrame = UINT16_MAX - RTE_PKTMBUF_HEADROOM;
 
     std::uint16_t id() const noexcept { return port_id_; }
     const std::string& name() const noexcept { return name_; }
@@ -139,7 +143,8 @@ public:
     std::uint16_t mtu() const noexcept { return mtu_; }
     // Frames up to 64 KiB fit the link whole (memif with PortConfig::memif_large_frames).
     bool large_frames() const noexcept { return large_frames_; }
-    // Largest frame (Ethernet header + MTU) one mbuf of this pool holds without chaining.
+    // Largest frame (Ethernet header + MTU) one mbuf of pool() holds without chaining (TX; RX too unless large
+    // frames, whose RX mbufs hold kLargeRxFrame).
     std::uint32_t mbuf_data_room() const noexcept;
     bool link_up() const noexcept;
     // A snapshot, from any thread: the RX fields are written by the RX burst's thread (relaxed atomic stores,
@@ -189,6 +194,9 @@ private:
     std::uint16_t port_id_;
     std::string name_;
     rte_mempool* pool_ = nullptr;
+    // Large frames only: the RX queue's own pool of kLargeRxFrame mbufs (sizing rule in port.cpp); otherwise
+    // null and RX takes its mbufs from pool_.
+    rte_mempool* rx_pool_ = nullptr;
     MacAddress mac_{};
     std::uint16_t mtu_ = 1500;
     bool started_ = false;

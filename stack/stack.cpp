@@ -99,9 +99,9 @@ static_assert(TCP_SND_BUF >= 2 * TCP_MSS);
 static_assert(TCP_SND_QUEUELEN >= 2 * (TCP_SND_BUF / TCP_MSS));
 static_assert(TCP_WND >= TCP_MSS);
 static_assert(TCP_MSS == kLargeSegmentMss && kLargeSegmentMss <= io::TxArena::kUsable);
-// A large segment's frame, Ethernet header included, fits a pbuf chain's 16-bit length and one memif buffer of
-// a large-frame port (io/port.cpp, memif_buffer_size: 65472).
-static_assert(kLargeSegmentMtu + 14 <= 65472);
+// A large segment's frame, Ethernet header included, fits a pbuf chain's 16-bit length, one memif buffer of a
+// large-frame port (io/port.cpp, memif_buffer_size: 65472) and one of its RX mbufs.
+static_assert(kLargeSegmentMtu + 14 <= 65472 && kLargeSegmentMtu + 14 <= io::Port::kLargeRxFrame);
 
 Stack::Stack(io::Port& port, const StackConfig& cfg)
     : port_(port), large_segments_(cfg.large_segments && port.large_frames() && !cfg.rx_external), cfg_(cfg),
@@ -436,6 +436,7 @@ void Stack::input(rte_mbuf* m) noexcept {
         seg = next;
     }
     ++counters_.rx_frames;
+    counters_.rx_chained += m->nb_segs > 1 ? 1 : 0;
     if (netif_->input(head, netif_.get()) != ERR_OK) {
         ++counters_.rx_dropped;
         pbuf_free(head);

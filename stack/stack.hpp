@@ -54,8 +54,9 @@ struct StackConfig {
 };
 
 // Large segments: TCP payload bytes per segment (lwipopts.h TCP_MSS): within a TX chunk (io::TxArena::kUsable), and
-// the whole frame (+ 54 bytes of headers) within a 64-byte aligned memif buffer of 65472 bytes.
-inline constexpr std::uint32_t kLargeSegmentMss = 65408;
+// the whole frame (+ 54 bytes of headers) within a 64-byte aligned memif buffer of 65472 bytes and within one RX
+// mbuf (io::Port::kLargeRxFrame, 65407: a frame received whole, not as a chain).
+inline constexpr std::uint32_t kLargeSegmentMss = 65344;
 inline constexpr std::uint32_t kLargeSegmentMtu = kLargeSegmentMss + 40;
 
 struct StackCycles {

@@ -13,7 +13,7 @@ void TxHalf::start(rdmap::Upper& upper, const mpa::Agreed& agreed, std::uint32_t
                    std::uint64_t* cycles_framer, std::uint64_t* cycles_proto, std::uint64_t* cycles_lwip) {
     ep_.reset();
     framer_.reset();
-    // FPDUs no larger than the copy staging holds (kCopyBatchMax): with large segments (emss 65408) the FPDUs
+    // FPDUs no larger than the copy staging holds (kCopyBatchMax): with large segments (emss 65344) the FPDUs
     // are 8960 bytes, as at MTU 9000, so a batch that finds no TX chunk free can still frame the next one.
     fpdu_tx_.emplace(mpa::tx_config(agreed, std::min(emss, kCopyBatchMax)));
     framer_.emplace(*fpdu_tx_);

@@ -26,6 +26,8 @@ struct FaultCounters {
 // The TCP/IP stack (lwIP) between the port and the protocol.
 struct StackCounters {
     std::uint64_t rx_frames = 0;
+    std::uint64_t rx_chained = 0;   // of which arrived as a chain of mbufs (a frame larger than one RX mbuf; with
+                                    // large frames each arrives whole in one, io::Port::kLargeRxFrame)
     std::uint64_t rx_dropped = 0;   // no RX buffer free, or the stack refused the frame
     std::uint64_t tx_frames = 0;
     std::uint64_t tx_dropped = 0;   // lost: frame too large, or the link went down with frames queued

@@ -54,11 +54,11 @@
 
 /* ---- TCP ---------------------------------------------------------------------------------------- */
 /* The largest segment lwIP may build or accept: the large segments of memif's large-frame mode
- * (stack::StackConfig::large_segments, stack::kLargeSegmentMss: the netif MTU is then 65448). TCP_CALCULATE_
+ * (stack::StackConfig::large_segments, stack::kLargeSegmentMss: the netif MTU is then 65384). TCP_CALCULATE_
  * EFF_SEND_MSS caps the MSS actually advertised and used by the netif MTU: 1460 at MTU 1500, 8960 at 9000.
  * Segments lwIP copies (tcp_write with copy) are written in pieces of at most TCP_COPY_WRITE_MAX bytes
  * (stack/tcp.cpp), which the heap pools in lwippools.h hold. */
-#define TCP_MSS                         65408
+#define TCP_MSS                         65344
 #define TCP_COPY_WRITE_MAX              8960
 #define TCP_CALCULATE_EFF_SEND_MSS      1
 /* Window scaling: a 1 MiB receive window (scale 5 allows up to 2 MiB). */

@@ -192,7 +192,8 @@ int finish_checks(stack::Stack& stack, io::Port& port, const stack::PoolUsage& b
         report("pools back to start");
     }
     const auto& c = stack.counters();
-    report("stack rx_frames=" + std::to_string(c.rx_frames) + " rx_dropped=" + std::to_string(c.rx_dropped) +
+    report("stack rx_frames=" + std::to_string(c.rx_frames) + " rx_chained=" + std::to_string(c.rx_chained) +
+           " rx_dropped=" + std::to_string(c.rx_dropped) +
            " tx_frames=" + std::to_string(c.tx_frames) + " tx_dropped=" + std::to_string(c.tx_dropped) +
            " tx_deferred=" + std::to_string(c.tx_deferred) +
            " unsent_reordered=" + std::to_string(c.unsent_reordered));
