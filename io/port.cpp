@@ -47,12 +47,13 @@ constexpr std::uint32_t kStackHeldFrames = 4096;
 constexpr unsigned kLargeRxBurst = 32, kLargeRxHeld = 256, kLargeRxCache = 32;
 
 // memif ring geometry we ask for: 2^11 slots per direction; one buffer holds a whole frame (no descriptor
-// chains) up to 9000-byte MTUs. Large frames (PortConfig::memif_large_frames): 64 KiB - 64 buffers (near memif.s
-// largest), 2^7 of them (8 MiB a direction). The ring's buffers are used in turn, so all of it stays in the
-// cache's working set: 2^9 (32 MiB) halved the bandwidth; 2^8 (16 MiB) left 8 MiB WRITEs at 4181-5378 MiB/s
-// against 5804-7040 with 2^7 (three pairs; their 8 MiB source and target fit better beside it in the 32 MiB
-// L3), 64 KiB messages the same; 2^6 was no better. Never chains: see PortConfig::memif_large_frames.
-unsigned memif_log2_ring(const PortConfig& cfg) { return cfg.memif_large_frames ? 7 : 11; }
+// chains) up to 9000-byte MTUs. Large frames (PortConfig::memif_large_frames): 64 KiB - 64 buffers (near memif's
+// largest), 2^5 of them (2 MiB a direction, twice lwIP's 1 MiB receive window). The ring's buffers are used in
+// turn, so all of it stays in the cache's working set beside the application's source and target: with whole-
+// frame RX mbufs (above), 8 MiB WRITEs ran 12.6-13.3 GB/s with 2^7, 14.6-17.0 with 2^6 and 17.4-18.2 with 2^5
+// (medians 12.8 / 16.4 / 18.1), 64 KiB WRITEs 21.5-22.8 / 19.6-21.9 / 20.9-23.1 (three interleaved rounds,
+// 2026-11-26); 2^4 (one window) was slower at both sizes. Never chains: see PortConfig::memif_large_frames.
+unsigned memif_log2_ring(const PortConfig& cfg) { return cfg.memif_large_frames ? 5 : 11; }
 unsigned memif_buffer_size(const PortConfig& cfg) {
     if (cfg.memif_large_frames) return 65472;  // 64-byte aligned, >= the largest frame (stack::kLargeSegmentMtu + 14)
     return cfg.mtu + kEthHeader > 2048 ? 10240 : 2048;

@@ -91,8 +91,9 @@ struct PortConfig {
     // Only where the driver takes chained mbufs (memif, af_packet, most NICs); false turns it off.
     std::uint32_t tx_chunks = 0;
     bool tx_zero_copy = true;
-    // memif: ring buffers of 64 KiB (one per frame, 2^7 per direction: up to 16 MiB of shared memory, touched
-    // as used), for frames up to 64 KiB: the large TCP segments of ContextConfig::large_segments. Each frame
+    // memif: ring buffers of 64 KiB (one per frame, 2^5 per direction: 4 MiB of shared memory), for frames up
+    // to 64 KiB: the large TCP segments of ContextConfig::large_segments; received frames land whole in 64 KiB
+    // mbufs of an RX pool of their own (511 of them, 33 MiB; 1023 with fault injection). Each frame
     // stays in one buffer: DPDK 22.11's memif does not clear a reused descriptor's chain flag, so a frame
     // chained over several buffers can later glue a one-buffer frame to the next one.
     bool memif_large_frames = false;
