@@ -223,6 +223,9 @@ void TcpConnection::ack_now() noexcept {
 }
 
 bool TcpConnection::tx_segment_boundary() const noexcept { return pcb_ != nullptr && pcb_->unsent == nullptr; }
+bool TcpConnection::nothing_in_flight() const noexcept {
+    return pcb_ != nullptr && pcb_->unsent == nullptr && pcb_->unacked == nullptr;
+}
 
 void TcpConnection::flush() noexcept {
     stack_.assert_owner();

@@ -123,6 +123,8 @@ public:
     // (lwIP appends a write to a partly filled unsent segment otherwise). MPA writes whole FPDUs only then,
     // so no FPDU is cut across two segments.
     bool tx_segment_boundary() const noexcept;
+    // Nothing sent and unacknowledged, nothing queued unsent: the link is quiet (a lone message starts now).
+    bool nothing_in_flight() const noexcept;
 
     // Detects a peer that vanished while this side only receives (nothing to retransmit, so TCP alone
     // would wait forever): after `idle` without traffic, probe every `interval`; after `probes` unanswered

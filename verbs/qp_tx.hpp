@@ -60,6 +60,10 @@ private:
     static constexpr std::uint32_t kCopyBatchMax = 8960;
     std::vector<std::byte> buf_;
     std::size_t batch_{0};  // one segment: the most a batch framed in a TX chunk holds
+    // The first batch after the link went quiet (nothing sent and unacknowledged): at most this, half a large
+    // segment in whole FPDUs, so the peer places the first half of a lone 64 KiB message while the second is
+    // framed and sent (see pump()).
+    static constexpr std::uint32_t kIdleBatch = 4 * kCopyBatchMax;
     std::size_t off_{0};
     std::size_t len_{0};
     // Frame in place in TX chunks (zero-copy transmit) when segments are this large (see pump()): MTU 9000 (8960)
