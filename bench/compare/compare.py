@@ -187,6 +187,10 @@ class Namespaces:
         self.made = []
 
 
+# The busy-polling ping-pong's sizes: issue 15 compares half round trips from 4 KiB to 1 MiB (size_rows).
+SPIN_SIZES = "64,256,1024,4096,16384,32768,65536,131072,262144,1048576"
+
+
 def measure_kernel(a, out):
     exe = os.path.join(a.build, "bench/compare/kernel_tcp")
     if not os.access(exe, os.X_OK):
@@ -212,7 +216,7 @@ def measure_kernel(a, out):
         # gap is the sleep/wake-up of blocking sockets.
         spin_path = os.path.join(out, "raw", "kernel-spin.json")
         run(["ip", "netns", "exec", ns.b, exe, "client", "--host", KERNEL_ADDR[0], "--port", str(KERNEL_PORT),
-             "--cpu", "1", "--timeout", str(limit), "--spin", "--sizes", "64" if q else "64,256,1024,4096,16384,65536",
+             "--cpu", "1", "--timeout", str(limit), "--spin", "--sizes", "64" if q else SPIN_SIZES,
              "--stream-sizes", "", "--iters", "2000" if q else "20000", "--warmup", "200" if q else "2000",
              "--json", spin_path],
             limit + 5, os.path.join(out, "raw", "kernel-spin-client.log"))
@@ -435,6 +439,25 @@ def build_rows(floor, kernel, softrdma, mtu, perftest=None):
     ]
 
 
+def size_rows(kernel, softrdma):
+    """Half round trip by size, kernel TCP busy-polling against softrdma's SEND ping-pong, for every size both
+    measured: [(bytes, kernel us, softrdma us, softrdma / kernel)]."""
+    spin = {e["bytes"]: e["half_rtt_median_us"] for e in (kernel or {}).get("lat_spin", [])}
+    runs = (softrdma or {}).get("runs", {})
+    soft_lat = {b: r["t_typical_us"] for b, r in runs.get("send-lat", {}).get("results", {}).items()}
+    return [(b, spin[b], soft_lat[b], ratio(soft_lat[b], spin[b])) for b in sorted(set(spin) & set(soft_lat))]
+
+
+def render_sizes(srows):
+    """The by-size table as markdown lines (empty without rows)."""
+    if not srows:
+        return []
+    md = ["| half round trip, median | kernel TCP busy-polling (us) | softrdma (us) | softrdma / kernel |",
+          "| --- | --- | --- | --- |"]
+    md += [f"| {b} B | {fmt(k)} | {fmt(s)} | {r:.2f} |" for b, k, s, r in srows]
+    return md
+
+
 def ratio(num, den):
     return num / den if num is not None and den not in (None, 0) else None
 
@@ -628,6 +651,11 @@ def main(argv=None):
 
     rows = build_rows(results["floor"], results["kernel"], results["softrdma"], a.mtu, results["perftest"])
     text, md, notes = render(rows, status, meta)
+    srows = size_rows(results["kernel"], results["softrdma"])
+    smd = render_sizes(srows)
+    if smd:
+        md += "\n\n" + "\n".join(smd)
+        text += "\n\n" + "\n".join(smd)
     title = f"softrdma vs raw memif floor vs kernel TCP ({meta['when']}{', quick' if a.quick else ''})"
     problem = plot(series(results["floor"], results["kernel"], results["softrdma"]), out, title)
     if problem:
@@ -641,6 +669,8 @@ def main(argv=None):
                      "softrdma_over_floor": ratio(s, fl), "softrdma_over_kernel_tcp": ratio(s, k),
                      "stock_perftest_on_softrdma": pt}
                     for key, l, u, b, fl, k, s, pt in rows],
+           "half_rtt_by_size": [{"bytes": b, "kernel_tcp_spin_us": k, "softrdma_us": s, "softrdma_over_kernel_tcp": r}
+                                for b, k, s, r in srows],
            "raw": results}
     with open(os.path.join(out, "compare.json"), "w") as f:
         json.dump(doc, f, indent=1, default=str)

@@ -70,6 +70,13 @@ check(by["half_rtt_64_p99"][3:6] == (2.0, 40.0, 9.5), "p99 row takes the p99 fig
 check(by["half_rtt_64_kspin"][3:6] == (1.05, 6.5, 5.25), "busy-polling row takes the kernel's spinning ping-pong")
 check(compare.build_rows(floor, {"lat": kernel["lat"], "bw": kernel["bw"]}, None, 1500)[1][5] is None,
       "a kernel result without the busy-polling run leaves that cell empty")
+spin2 = dict(kernel, lat_spin=kernel["lat_spin"] + [{"bytes": 65536, "half_rtt_median_us": 9.0}])
+soft2 = {"runs": {"send-lat": {"results": {**soft["runs"]["send-lat"]["results"],
+                                            65536: {"t_typical_us": 4.5}, 4096: {"t_typical_us": 1.0}}}}}
+check(compare.size_rows(spin2, soft2) == [(64, 6.5, 5.25, 5.25 / 6.5), (65536, 9.0, 4.5, 0.5)],
+      "half round trip by size: the sizes both measured, kernel busy-polling against softrdma, ratio")
+check(compare.size_rows(None, soft2) == [] and compare.render_sizes([]) == [],
+      "no kernel run: no by-size table")
 r = by["bw_64k"]
 check(abs(r[5] - 0.8) < 1e-9 and r[3] == 1.6 and compare.versus(r[5], r[4], r[2]) == "2.00x better",
       "64 KiB bandwidth row: MiB/s -> GB/s (762.94 MiB/s = 0.8 GB/s), floor at 1500 B frames, 2.00x better")
@@ -166,6 +173,12 @@ with open(os.path.join(out, "compare.md")) as f:
     md = f.read()
 check("| raw memif floor | kernel TCP (veth) | softrdma |" in md and "64 B half round trip" in md,
       "compare.md has the table")
+if st.get("softrdma") == "ok":
+    by_size = {e["bytes"]: e for e in doc["half_rtt_by_size"]}
+    check(64 in by_size and by_size[64]["softrdma_us"] == lat["softrdma"] and
+          by_size[64]["kernel_tcp_spin_us"] == rows["half_rtt_64_kspin"]["kernel_tcp"],
+          f"the by-size table's 64 B row matches the main table: {by_size.get(64)}")
+    check("| half round trip, median | kernel TCP busy-polling (us) |" in md, "compare.md has the by-size table")
 
 
 def our_namespaces(pid):
