@@ -36,11 +36,11 @@ constexpr std::uint32_t kStackHeldFrames = 4096;
 
 // Large frames: received frames land whole in one mbuf of their own pool (Port::rx_pool_, data room 65535, the
 // most an mbuf holds). In the port's 2 KiB mbufs a 64 KiB frame was a chain of 32 that memif filled, lwIP
-// chained and the deframer and pbuf frees walked one by one, and the pool's 8191 mbufs (18 MiB) were cycled
-// through the cache once a burst outran the per-lcore cache: 64 KiB WRITEs 14.4 -> 20.6 GB/s and 8 MiB WRITEs
-// 7.2 -> 14.8 GB/s (two interleaved pairs, 2026-11-26). Sizing rule: what the stack may hold at once, one RX
-// burst being handled (32) + out-of-order frames (TCP_OOSEQ_MAX_BYTES, 512 KiB = 8 large frames a connection,
-// 32 connections: 256) + the per-lcore caches, + what fault injection holds back (kHeld) when it is on; 511
+// chained (pbuf_cat walks the chain each time) and the deframer and pbuf frees walked one by one: 64 KiB WRITEs
+// 14.4 -> 20.6 GB/s and 8 MiB WRITEs 7.2 -> 14.8 GB/s (two interleaved pairs, 2026-11-26). Sizing rule: what
+// the stack may hold at once, one RX burst being handled (32) + out-of-order frames (TCP_OOSEQ_MAX_BYTES,
+// 512 KiB = 8 large frames a connection, 32 connections: 256) + the per-lcore caches, + what fault injection
+// holds back (kHeld) when it is on; 511
 // mbufs (33 MiB) or 1023. Beyond that (out-of-order small frames on many connections, each in a large mbuf)
 // memif keeps frames in its ring until mbufs come back (lwIP drops an out-of-order queue after
 // TCP_OOSEQ_TIMEOUT RTOs): slower, nothing lost.
