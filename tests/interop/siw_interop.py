@@ -329,7 +329,8 @@ def dropin_runs(cases, lab, run):
     for i, t in enumerate(PERFTESTS):
         t0 = time.time()
         # A client that did not get as far as a connection is run again (at most twice): the VM's server is
-        # still waiting for it. Each retry is named in the case's detail with our library's reason.
+        # still waiting for it. One that failed after connecting, or three times, gets one more run against a
+        # new guest (once per run, see above). Each retry is named in the case's detail with its reason.
         notes = []
         for attempt in range(4):
             rc, out = lab.ours(run + [t, "-R", "-F", "-n", "200", VM1[1]], 120)
