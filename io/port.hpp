@@ -143,6 +143,7 @@ public:
     std::uint16_t mtu() const noexcept { return mtu_; }
     // Frames up to 64 KiB fit the link whole (memif with PortConfig::memif_large_frames).
     bool large_frames() const noexcept { return large_frames_; }
+    bool is_memif() const noexcept { return memif_; }
     // Largest frame (Ethernet header + MTU) one mbuf of pool() holds without chaining (TX; RX too unless large
     // frames, whose RX mbufs hold kLargeRxFrame).
     std::uint32_t mbuf_data_room() const noexcept;

@@ -102,4 +102,21 @@ std::size_t FpduTx::write(std::span<std::byte> out, std::span<const std::byte> u
     return total;
 }
 
+std::size_t FpduTx::write_deferred(std::span<std::byte> out, std::span<const std::byte> ulpdu_header,
+                                   std::size_t payload_len) {
+    if (!can_defer()) return 0;
+    const std::size_t ulpdu_len = ulpdu_header.size() + payload_len;
+    if (ulpdu_len > kMaxUlpduLength) return 0;
+    const std::size_t total = fpdu_size_unmarked(ulpdu_len);
+    if (out.size() < total) return 0;
+    std::byte* o = out.data();
+    put_be16(o, static_cast<std::uint16_t>(ulpdu_len));
+    if (!ulpdu_header.empty()) std::memcpy(o + kLengthFieldSize, ulpdu_header.data(), ulpdu_header.size());
+    o += kLengthFieldSize + ulpdu_len;
+    const std::size_t pad = pad_length(ulpdu_len);
+    std::memset(o, 0, pad + kCrcFieldSize);  // pad, and the CRC field's 0 (CRC not in use)
+    pos_ += total;
+    return total;
+}
+
 }  // namespace softrdma::mpa

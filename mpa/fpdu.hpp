@@ -91,6 +91,14 @@ public:
         return write(out, ulpdu_header, std::span<const std::span<const std::byte>>(one, payload.empty() ? 0 : 1));
     }
 
+    // The same FPDU as write() with a payload of payload_len octets, except that the payload octets are left
+    // as they are: out[kLengthFieldSize + ulpdu_header.size(), + payload_len) is for the caller to fill before
+    // the bytes are read. Only without CRC and Markers (the CRC covers the payload, and Markers would cut it):
+    // returns 0 without writing anything otherwise, and as write() does when the FPDU does not fit.
+    std::size_t write_deferred(std::span<std::byte> out, std::span<const std::byte> ulpdu_header,
+                               std::size_t payload_len);
+    bool can_defer() const { return !crc_ && !markers_; }
+
     std::uint64_t stream_position() const { return pos_; }
     bool crc() const { return crc_; }
     bool markers() const { return markers_; }

@@ -16,7 +16,9 @@ public:
     // Bytes an FPDU carrying `ulpdu_len` ULPDU bytes takes on the wire (length, pad, CRC, markers).
     virtual std::size_t wire_size(std::size_t ulpdu_len) const = 0;
     // Writes one whole FPDU at the front of `out`, out.size() >= wire_size(ulpdu_len). Returns the bytes written.
-    // Reads `header` and `payload` (borrowed, caller-owned) during the call only.
+    // Reads `header` during the call only; `payload` (borrowed, caller-owned: registered memory, a READ source)
+    // during the call, or, for a framer that sends it from where it is (verbs' DeferringFramer), until the end
+    // of the transmit turn that called pull_tx, on the same thread.
     virtual std::size_t write(std::span<std::byte> out, std::span<const std::byte> header,
                               std::span<const std::span<const std::byte>> payload) = 0;
 };

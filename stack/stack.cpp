@@ -130,6 +130,12 @@ Stack::Stack(io::Port& port, const StackConfig& cfg)
     tsc_per_ms_ = std::max<std::uint64_t>(1, rte_get_timer_hz() / 1000);
     ack_delay_tsc_ = std::max<std::uint64_t>(1, rte_get_timer_hz() / 1000000 * kAckDelayUs);
     next_timer_tsc_ = rte_get_timer_cycles() + tsc_per_ms_;
+    // Deferred payload (defer_fill): the driver must copy the frame inside tx_burst and keep nothing (memif
+    // does; fault injection holds frames back), and lwIP must not read the payload (no checksums to generate).
+    defer_fill_ok_ = port.tx_arena() != nullptr && port.is_memif() && !port.faults_on() && !cfg.tcp_checksums &&
+                     !cfg.rx_external;
+    foreign_shinfo_.free_cb = [](void*, void*) {};  // nothing to free: the bytes are the application's
+    rte_mbuf_ext_refcnt_set(&foreign_shinfo_, 1);     // ours, so the count never reaches 0
     log::info("stack {} on {} (MTU {}{})", cfg.ip.address.str(), port.name(), port.mtu(),
               large_segments_ ? ", TCP segments up to " + std::to_string(kLargeSegmentMss) + " bytes" : std::string());
 }
@@ -200,6 +206,15 @@ signed char Stack::link_output(netif* nif, pbuf* p) {
     if (m == nullptr) {
         ++self->counters_.tx_deferred;
         return ERR_MEM;
+    }
+    if (chained && self->fill_head_ != self->fill_tail_ && self->overlaps_fill(p)) {
+        if (self->send_deferred(p, *arena, m)) return ERR_OK;
+        self->fill_overlapping(p);  // the ring is busy: fill the chunk first and send from it as usual
+        m = self->port_.alloc();  // (send_deferred freed the first)
+        if (m == nullptr) {
+            ++self->counters_.tx_deferred;
+            return ERR_MEM;
+        }
     }
     std::uint32_t attached = 0;  // payload bytes sent by reference (the rest of the TCP payload is copied)
     if (chained || !linear) {
@@ -275,6 +290,140 @@ bool Stack::chain_payload(rte_mbuf* head, pbuf* p, io::TxArena& arena, std::uint
         tail->next = n;
         tail = n;
         ++head->nb_segs;
+    }
+    return true;
+}
+
+// ---- deferred payload (defer_fill) ----
+
+bool Stack::overlaps_fill(const pbuf* p) const noexcept {
+    for (const pbuf* q = p->next; q != nullptr; q = q->next) {
+        const auto* a = static_cast<const std::byte*>(q->payload);
+        for (unsigned i = fill_head_; i < fill_tail_; ++i) {
+            const Fill& f = fills_[i];
+            if (f.len != 0 && f.dst < a + q->len && a < f.dst + f.len) return true;
+        }
+    }
+    return false;
+}
+
+// Copies every fill a pbuf of `p` overlaps into its chunk, whole (the bytes past the frame are owed anyway).
+void Stack::fill_overlapping(const pbuf* p) noexcept {
+    for (const pbuf* q = p->next; q != nullptr; q = q->next) {
+        const auto* a = static_cast<const std::byte*>(q->payload);
+        for (unsigned i = fill_head_; i < fill_tail_; ++i) {
+            Fill& f = fills_[i];
+            if (f.len == 0 || !(f.dst < a + q->len && a < f.dst + f.len)) continue;
+            std::memcpy(f.dst, f.src, f.len);
+            f.len = 0;
+        }
+    }
+    while (fill_head_ != fill_tail_ && fills_[fill_head_].len == 0) ++fill_head_;
+    if (fill_head_ == fill_tail_) fill_head_ = fill_tail_ = 0;
+}
+
+void Stack::fill_deferred() noexcept {
+    for (unsigned i = fill_head_; i < fill_tail_; ++i)
+        if (fills_[i].len != 0) std::memcpy(fills_[i].dst, fills_[i].src, fills_[i].len);
+    fill_head_ = fill_tail_ = 0;
+}
+
+// A frame carrying deferred bytes: built with them attached from where they are, handed to the driver at once
+// (which copies it into its ring inside tx_burst and frees the mbufs: nothing points at `src` afterwards), then
+// the chunk filled. False, with `head` still the caller's and nothing queued, when the driver's ring has no room
+// for it now or mbufs ran out: the caller fills the chunk and sends from it as usual.
+// Ownership: `head` (a fresh mbuf) is the function's: sent (the driver's) or freed.
+bool Stack::send_deferred(pbuf* p, io::TxArena& arena, rte_mbuf* head) noexcept {
+    flush_tx_inner();
+    std::uint32_t attached = 0, deferred = 0;
+    // (frames ahead of it still waiting for the ring: it waits with them, from the chunk)
+    if (tx_head_ != tx_tail_ || !chain_deferred(head, p, arena, attached, deferred)) {
+        rte_pktmbuf_free(head);
+        return false;
+    }
+    const std::uint64_t t0 = cfg_.count_cycles ? cycles_now() : 0;
+    rte_mbuf* one[1] = {head};
+    wire_release(&port_);
+    const unsigned sent = port_.tx_burst(std::span(one, 1));
+    if (cfg_.count_cycles) cycles_.io += cycles_now() - t0;
+    if (sent == 0) {
+        rte_pktmbuf_free(head);
+        return false;
+    }
+    ++counters_.tx_frames;
+    const std::uint32_t payload = tcp_payload_len(p);
+    counters_.tx_copied_out += payload - std::min(attached, payload);
+    counters_.tx_from_source += deferred;
+    return true;  // (the chunk is filled by fill_deferred, after the frames that follow: off the peer's path)
+}
+
+// As chain_payload, with the deferred bytes inside the chunk's pbufs attached from their source.
+bool Stack::chain_deferred(rte_mbuf* head, pbuf* p, io::TxArena& arena, std::uint32_t& attached,
+                           std::uint32_t& deferred) noexcept {
+    const std::uint32_t room = port_.mbuf_data_room();
+    if (p->len > room) return false;
+    std::memcpy(rte_pktmbuf_mtod(head, void*), p->payload, p->len);
+    head->data_len = p->len;
+    head->pkt_len = p->tot_len;
+    rte_mbuf* tail = head;
+    bool tail_copies = true;
+    auto link = [&](rte_mbuf* n) {
+        tail->next = n;
+        tail = n;
+        ++head->nb_segs;
+    };
+    auto copy = [&](const std::byte* src, std::uint32_t n) {
+        if (!tail_copies || tail->data_len + n > room) {
+            rte_mbuf* m = port_.alloc();
+            if (m == nullptr) return false;
+            link(m);
+            tail_copies = true;
+        }
+        std::memcpy(rte_pktmbuf_mtod_offset(tail, std::byte*, tail->data_len), src, n);
+        tail->data_len = static_cast<std::uint16_t>(tail->data_len + n);
+        return true;
+    };
+    auto from_chunk = [&](std::int32_t c, std::byte* a, std::uint32_t n) {
+        if (n == 0) return true;
+        if (n < kCopyBreak) return copy(a, n);
+        rte_mbuf* m = port_.alloc();
+        if (m == nullptr) return false;
+        arena.attach(m, c, a, static_cast<std::uint16_t>(n));
+        attached += n;
+        link(m);
+        tail_copies = false;
+        return true;
+    };
+    for (pbuf* q = p->next; q != nullptr; q = q->next) {
+        auto* a = static_cast<std::byte*>(q->payload);
+        const std::int32_t c = arena.find(a);
+        if (c < 0) {  // lwIP's own memory (small pieces it copied): as chain_payload
+            if (q->len > room || !copy(a, q->len)) return false;
+            continue;
+        }
+        std::byte* const end = a + q->len;
+        // The fills are in stream order; those inside this pbuf, in address order.
+        for (unsigned i = fill_head_; i < fill_tail_ && a < end; ++i) {
+            const Fill& f = fills_[i];
+            if (f.len == 0 || !(f.dst < end && a < f.dst + f.len)) continue;
+            std::byte* const d0 = std::max(f.dst, a);
+            std::byte* const d1 = std::min(f.dst + f.len, end);
+            if (!from_chunk(c, a, static_cast<std::uint32_t>(d0 - a))) return false;
+            rte_mbuf* m = port_.alloc();
+            if (m == nullptr) return false;
+            const auto n = static_cast<std::uint16_t>(d1 - d0);
+            rte_mbuf_ext_refcnt_update(&foreign_shinfo_, 1);
+            rte_pktmbuf_attach_extbuf(m, const_cast<std::byte*>(f.src + (d0 - f.dst)), RTE_BAD_IOVA, n,
+                                      &foreign_shinfo_);
+            m->data_len = n;
+            m->pkt_len = n;
+            attached += n;
+            deferred += n;
+            link(m);
+            tail_copies = false;
+            a = d1;
+        }
+        if (!from_chunk(c, a, static_cast<std::uint32_t>(end - a))) return false;
     }
     return true;
 }

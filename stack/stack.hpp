@@ -8,6 +8,7 @@
 // input_external() / input_headers(); lwIP itself stays on the owner thread.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -151,9 +152,48 @@ public:
     // reset or gives up, or the Stack ends (which aborts such pcbs first). Control path (allocates a record).
     void adopt_tx_chunks(tcp_pcb* pcb, std::span<const std::int32_t> chunks, std::uint32_t end_seq);
 
+    // Deferred payload: transmit straight from the application's memory, the TX chunk filled after the send.
+    // A framer framing in place in a TX chunk may leave an FPDU's payload out (mpa::FpduTx::write_deferred) and
+    // say here where it belongs (`dst`, chunk memory) and where it is now (`src`). A frame lwIP sends with those
+    // bytes then takes them straight from `src` (the driver copies them into its ring inside tx_burst, which
+    // link_output calls at once for such a frame) and link_output copies them into the chunk right after, while
+    // the peer already works on the frame; so the gather copy is off the path to the peer, and lwIP's
+    // retransmissions find the bytes in the chunk as before. fill_deferred() copies whatever is still owed (data
+    // lwIP has not sent yet). Ownership: `src` is borrowed until fill_deferred(), which the framer's owner calls
+    // before anything else can run (before returning to the application, whose memory it is, and before a chunk
+    // can be released). Only where the driver copies in tx_burst and holds nothing (memif without fault
+    // injection): can_defer_fill(). Returns false (copy it yourself) when off or the list is full.
+    bool can_defer_fill() const noexcept { return defer_fill_ok_; }
+    bool defer_fill(std::byte* dst, const std::byte* src, std::uint32_t len) noexcept {
+        if (!defer_fill_ok_ || fill_tail_ == kMaxFills) return false;
+        fills_[fill_tail_++] = Fill{dst, src, len};
+        return true;
+    }
+    // Fills defer_fill() still takes (0 when off).
+    unsigned fill_room() const noexcept { return defer_fill_ok_ ? kMaxFills - fill_tail_ : 0; }
+    void fill_deferred() noexcept;
+
 private:
     friend struct StackAccess;
     static signed char netif_init(netif* nif);
+    struct Fill {
+        std::byte* dst;
+        const std::byte* src;
+        std::uint32_t len;  // 0: done
+    };
+    // Sizing rule: what one connection's framer defers in one turn (fill_deferred() at its end): at most its send
+    // buffer (lwIP's TCP_SND_BUF, 256 KiB) in FPDUs of at least 1 KiB payload (verbs' DeferringFramer::kDeferMin),
+    // one fill per gathered piece: 256 covers a single piece each; when full the framer copies at once.
+    static constexpr unsigned kMaxFills = 256;
+    std::array<Fill, kMaxFills> fills_{};
+    unsigned fill_head_ = 0, fill_tail_ = 0;  // live fills in [fill_head_, fill_tail_)
+    bool defer_fill_ok_ = false;
+    rte_mbuf_ext_shared_info foreign_shinfo_{};  // the extbuf of mbufs carrying deferred bytes (freed in tx_burst)
+    bool overlaps_fill(const pbuf* p) const noexcept;
+    void fill_overlapping(const pbuf* p) noexcept;
+    bool send_deferred(pbuf* p, io::TxArena& arena, rte_mbuf* head) noexcept;
+    bool chain_deferred(rte_mbuf* head, pbuf* p, io::TxArena& arena, std::uint32_t& attached,
+                        std::uint32_t& deferred) noexcept;
     static signed char link_output(netif* nif, pbuf* p);
     struct TxOrphan {
         Stack* stack;

@@ -18,10 +18,33 @@
 #include "rdmap/stream.hpp"
 
 namespace softrdma::stack {
+class Stack;
 class TcpConnection;
-}
+}  // namespace softrdma::stack
 
 namespace softrdma::verbs::detail {
+
+// Frames with mpa::FpduTx. While pump() frames in place in a TX chunk on a Stack that can (defer_to), the payload
+// of an FPDU carrying at least kDeferMin bytes is left out of the chunk (mpa::FpduTx::write_deferred: no CRC,
+// no Markers) and handed to the Stack as a deferred fill (stack::Stack::defer_fill): the frame goes out
+// straight from the application's memory and the chunk is filled after the send. The payload spans must then
+// stay valid until pump() ends (it calls Stack::fill_deferred): the work requests' registered memory and READ
+// sources, which only the application's thread (this one) can release, outside pump().
+class DeferringFramer final : public rdmap::Framer {
+public:
+    explicit DeferringFramer(mpa::FpduTx& tx) : tx_(tx) {}
+    std::size_t mulpdu() const override { return tx_.mulpdu(); }
+    std::size_t wire_size(std::size_t ulpdu_len) const override { return tx_.wire_size(ulpdu_len); }
+    std::size_t write(std::span<std::byte> out, std::span<const std::byte> header,
+                      std::span<const std::span<const std::byte>> payload) override;
+    void defer_to(stack::Stack* stack) noexcept { defer_ = stack; }
+    // Below this much payload an FPDU is copied at once (two mbufs cost more than copying it).
+    static constexpr std::size_t kDeferMin = 1024;
+
+private:
+    mpa::FpduTx& tx_;
+    stack::Stack* defer_ = nullptr;
+};
 
 class TxHalf {
 public:
@@ -51,8 +74,9 @@ public:
     std::uint64_t written() const noexcept { return written_; }
 
 private:
+    void flush(stack::TcpConnection& tcp) noexcept;
     std::optional<mpa::FpduTx> fpdu_tx_;
-    std::optional<rdmap::FpduFramer> framer_;
+    std::optional<DeferringFramer> framer_;
     std::optional<rdmap::Endpoint> ep_;
     // Staging when no TX chunk is to be had: whole FPDUs the endpoint wrote, not yet taken by TCP. Sizing: one
     // segment, so one batch of FPDUs fills at most one TCP segment, and at most kCopyBatchMax (lwIP copies in

@@ -38,6 +38,8 @@ struct StackCounters {
     // Copies on the transmit path (TxCopyStats), counted over TCP payload:
     std::uint64_t tx_copied_in = 0;   // bytes lwIP copied out of the sender's buffer (TcpConnection::write)
     std::uint64_t tx_copied_out = 0;  // TCP payload copied into mbufs (frames not sent by reference to TX chunks)
+    std::uint64_t tx_from_source = 0;  // TCP payload sent straight from the application's memory, copied into its
+                                       // TX chunk after the send (a lone message: Stack::defer_fill)
 };
 
 // The dedicated RX thread (ThreadingMode::rx_thread).

@@ -2,9 +2,11 @@
 // FpduTx and Deframer: framing, Marker placement, every split point, corruption cases.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "mpa/crc32c.hpp"
 #include "mpa/deframer.hpp"
@@ -279,6 +281,42 @@ TEST_CASE("fpdu: write refuses oversize ULPDU and short output", "[fpdu]") {
     std::vector<std::byte> small(10);
     CHECK(tx.write(small, hdr, std::span<const std::byte>{}) == 0);
     CHECK(tx.stream_position() == 2 + 65535 + 3 + 4);
+}
+
+// write_deferred (zero-copy transmit: the payload goes out from where it is, copied into the FPDU after): the
+// same bytes as write() once the caller fills the payload, the stream position advanced alike; nothing without
+// CRC and Markers off (the CRC covers the payload; Markers cut it), nothing when out is short.
+TEST_CASE("fpdu: write_deferred leaves exactly the payload for the caller", "[fpdu]") {
+    const std::byte hdr[18] = {std::byte{0x41}, std::byte{0x43}, std::byte{7}};
+    for (const std::size_t plen : {std::size_t{0}, std::size_t{1}, std::size_t{2}, std::size_t{3}, std::size_t{1442 - 18},
+                                   std::size_t{8960 - 6 - 18}, std::size_t{65535 - 18}}) {
+        std::vector<std::byte> payload(plen);
+        for (std::size_t i = 0; i < plen; ++i) payload[i] = static_cast<std::byte>(i * 7 + 3);
+        FpduTx a({false, false, 65536}, 8), b({false, false, 65536}, 8);
+        std::vector<std::byte> want(a.wire_size(18 + plen) + 8, std::byte{0xEE}), got(want.size(), std::byte{0xEE});
+        const std::size_t n = a.write(want, hdr, payload);
+        REQUIRE(n == fpdu_size_unmarked(18 + plen));
+        REQUIRE(b.write_deferred(got, hdr, plen) == n);
+        // Untouched: the payload (still 0xEE) and everything past the FPDU.
+        for (std::size_t i = 0; i < plen; ++i) REQUIRE(got[2 + 18 + i] == std::byte{0xEE});
+        REQUIRE(got[n] == std::byte{0xEE});
+        std::copy(payload.begin(), payload.end(), got.begin() + 2 + 18);
+        REQUIRE(got == want);
+        REQUIRE(b.stream_position() == a.stream_position());
+    }
+    FpduTx ok({false, false, 1448});
+    CHECK(ok.can_defer());
+    std::vector<std::byte> out(70000, std::byte{0xEE});
+    CHECK(ok.write_deferred(std::span(out).first(fpdu_size_unmarked(18 + 1000) - 1), hdr, 1000) == 0);
+    CHECK(ok.write_deferred(out, hdr, 65535 - 17) == 0);  // ULPDU over 65535
+    CHECK(ok.stream_position() == 0);
+    for (const FpduTxConfig cfg : {FpduTxConfig{true, false, 1448}, FpduTxConfig{false, true, 1448}}) {
+        FpduTx no(cfg);
+        CHECK_FALSE(no.can_defer());
+        CHECK(no.write_deferred(out, hdr, 100) == 0);
+        CHECK(no.stream_position() == 0);
+    }
+    CHECK(std::all_of(out.begin(), out.end(), [](std::byte x) { return x == std::byte{0xEE}; }));
 }
 
 TEST_CASE("deframer: every split point of a multi-FPDU stream, all modes", "[deframer]") {

@@ -53,6 +53,7 @@ inline threading::ThreadingConfig test_threading() {
 // TCP checksums on in every Peer made from here on (memif leaves them off by default; both ends must agree):
 // set before forking the roles.
 inline bool g_checksums_on = false;
+inline bool g_checksums_off = false;  // both sides off, whatever the port (set before the pair starts)
 // ContextConfig::large_segments for the Peers of the next run (set in the parent before the roles fork);
 // the library's default unless a test says otherwise.
 inline const bool kDefaultLargeSegments = verbs::ContextConfig{}.large_segments;
@@ -105,6 +106,7 @@ struct Peer {
         cc.max_mr = 64;
         cc.max_qp = 8;
         if (g_checksums_on) cc.tcp_checksums = verbs::ContextConfig::Checksums::on;
+        if (g_checksums_off) cc.tcp_checksums = verbs::ContextConfig::Checksums::off;
         cc.large_segments = g_large_segments;
         // A capture and the layer accounting need run-to-completion mode.
         cc.layer_cycles = cfg.stack.count_cycles;
