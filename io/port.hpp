@@ -144,6 +144,7 @@ public:
     // Frames up to 64 KiB fit the link whole (memif with PortConfig::memif_large_frames).
     bool large_frames() const noexcept { return large_frames_; }
     bool is_memif() const noexcept { return memif_; }
+    bool capturing() const noexcept { return capture_ != nullptr; }
     // Largest frame (Ethernet header + MTU) one mbuf of pool() holds without chaining (TX; RX too unless large
     // frames, whose RX mbufs hold kLargeRxFrame).
     std::uint32_t mbuf_data_room() const noexcept;

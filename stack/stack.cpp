@@ -132,8 +132,10 @@ Stack::Stack(io::Port& port, const StackConfig& cfg)
     next_timer_tsc_ = rte_get_timer_cycles() + tsc_per_ms_;
     // Deferred payload (defer_fill): the driver must copy the frame inside tx_burst and keep nothing (memif
     // does; fault injection holds frames back), and lwIP must not read the payload (no checksums to generate).
-    defer_fill_ok_ = port.tx_arena() != nullptr && port.is_memif() && !port.faults_on() && !cfg.tcp_checksums &&
-                     !cfg.rx_external;
+    // Not with a capture: a deferred frame memif refuses is built again from the chunk, and the capture, which
+    // records a refused burst once by its head mbuf, would record it twice.
+    defer_fill_ok_ = port.tx_arena() != nullptr && port.is_memif() && !port.faults_on() && !port.capturing() &&
+                     !cfg.tcp_checksums && !cfg.rx_external;
     foreign_shinfo_.free_cb = [](void*, void*) {};  // nothing to free: the bytes are the application's
     rte_mbuf_ext_refcnt_set(&foreign_shinfo_, 1);     // ours, so the count never reaches 0
     log::info("stack {} on {} (MTU {}{})", cfg.ip.address.str(), port.name(), port.mtu(),
