@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 // How the endpoint turns one ULPDU (header + gathered payload) into FPDU bytes: the MPA framing seam.
-// Production wraps mpa::FpduTx (rdmap::FpduFramer in rdmap/stream.hpp); tests may use a trivial framer.
+// rdmap::FpduFramer (rdmap/stream.hpp) wraps mpa::FpduTx; the QPs use verbs' DeferringFramer, which may send a
+// payload from where it is (verbs/qp_tx.hpp); tests may use a trivial framer.
 #pragma once
 
 #include <cstddef>

@@ -298,12 +298,18 @@ bool Stack::chain_payload(rte_mbuf* head, pbuf* p, io::TxArena& arena, std::uint
 
 // ---- deferred payload (defer_fill) ----
 
+namespace {
+bool overlaps(const std::byte* dst, std::uint32_t dlen, const std::byte* a, std::size_t len) noexcept {
+    return dlen != 0 && dst < a + len && a < dst + dlen;
+}
+}  // namespace
+
 bool Stack::overlaps_fill(const pbuf* p) const noexcept {
     for (const pbuf* q = p->next; q != nullptr; q = q->next) {
         const auto* a = static_cast<const std::byte*>(q->payload);
         for (unsigned i = fill_head_; i < fill_tail_; ++i) {
             const Fill& f = fills_[i];
-            if (f.len != 0 && f.dst < a + q->len && a < f.dst + f.len) return true;
+            if (overlaps(f.dst, f.len, a, q->len)) return true;
         }
     }
     return false;
@@ -315,7 +321,7 @@ void Stack::fill_overlapping(const pbuf* p) noexcept {
         const auto* a = static_cast<const std::byte*>(q->payload);
         for (unsigned i = fill_head_; i < fill_tail_; ++i) {
             Fill& f = fills_[i];
-            if (f.len == 0 || !(f.dst < a + q->len && a < f.dst + f.len)) continue;
+            if (!overlaps(f.dst, f.len, a, q->len)) continue;
             std::memcpy(f.dst, f.src, f.len);
             f.len = 0;
         }
@@ -330,11 +336,11 @@ void Stack::fill_deferred() noexcept {
     fill_head_ = fill_tail_ = 0;
 }
 
-// A frame carrying deferred bytes: built with them attached from where they are, handed to the driver at once
-// (which copies it into its ring inside tx_burst and frees the mbufs: nothing points at `src` afterwards), then
-// the chunk filled. False, with `head` still the caller's and nothing queued, when the driver's ring has no room
-// for it now or mbufs ran out: the caller fills the chunk and sends from it as usual.
-// Ownership: `head` (a fresh mbuf) is the function's: sent (the driver's) or freed.
+// A frame carrying deferred bytes: built with them attached from where they are and handed to the driver at
+// once (which copies it into its ring inside tx_burst and frees the mbufs: nothing points at `src` afterwards;
+// the chunk is filled later, by fill_deferred). False, with nothing queued, when frames wait for the ring, the
+// ring has no room for it now or mbufs ran out: the caller fills the chunk and sends from it as usual.
+// Ownership: `head` (a fresh mbuf) is the function's either way: sent (the driver's) or freed here.
 bool Stack::send_deferred(pbuf* p, io::TxArena& arena, rte_mbuf* head) noexcept {
     flush_tx_inner();
     std::uint32_t attached = 0, deferred = 0;
@@ -407,13 +413,15 @@ bool Stack::chain_deferred(rte_mbuf* head, pbuf* p, io::TxArena& arena, std::uin
         // The fills are in stream order; those inside this pbuf, in address order.
         for (unsigned i = fill_head_; i < fill_tail_ && a < end; ++i) {
             const Fill& f = fills_[i];
-            if (f.len == 0 || !(f.dst < end && a < f.dst + f.len)) continue;
+            if (!overlaps(f.dst, f.len, a, static_cast<std::size_t>(end - a))) continue;
             std::byte* const d0 = std::max(f.dst, a);
             std::byte* const d1 = std::min(f.dst + f.len, end);
             if (!from_chunk(c, a, static_cast<std::uint32_t>(d0 - a))) return false;
             rte_mbuf* m = port_.alloc();
             if (m == nullptr) return false;
             const auto n = static_cast<std::uint16_t>(d1 - d0);
+            // Ownership: the bytes stay the application's; the mbuf only points at them until tx_burst (or the
+            // caller on a failure) frees it, inside this turn; foreign_shinfo_'s free callback does nothing.
             rte_mbuf_ext_refcnt_update(&foreign_shinfo_, 1);
             rte_pktmbuf_attach_extbuf(m, const_cast<std::byte*>(f.src + (d0 - f.dst)), RTE_BAD_IOVA, n,
                                       &foreign_shinfo_);

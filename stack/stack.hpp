@@ -156,13 +156,14 @@ public:
     // A framer framing in place in a TX chunk may leave an FPDU's payload out (mpa::FpduTx::write_deferred) and
     // say here where it belongs (`dst`, chunk memory) and where it is now (`src`). A frame lwIP sends with those
     // bytes then takes them straight from `src` (the driver copies them into its ring inside tx_burst, which
-    // link_output calls at once for such a frame) and link_output copies them into the chunk right after, while
-    // the peer already works on the frame; so the gather copy is off the path to the peer, and lwIP's
-    // retransmissions find the bytes in the chunk as before. fill_deferred() copies whatever is still owed (data
-    // lwIP has not sent yet). Ownership: `src` is borrowed until fill_deferred(), which the framer's owner calls
-    // before anything else can run (before returning to the application, whose memory it is, and before a chunk
-    // can be released). Only where the driver copies in tx_burst and holds nothing (memif without fault
-    // injection): can_defer_fill(). Returns false (copy it yourself) when off or the list is full.
+    // link_output calls at once for such a frame), and fill_deferred() copies them into the chunk afterwards,
+    // while the peer already works on the frames; so the gather copy is off the path to the peer, and lwIP's
+    // retransmissions find the bytes in the chunk as before (a frame memif refuses: the chunk is filled first
+    // and the frame sent from it). Ownership: `src` is borrowed until fill_deferred(), which the framer's owner
+    // calls before anything else can run (before returning to the application, whose memory it is, and before
+    // a chunk can be released). Only where the driver copies in tx_burst and holds nothing, and lwIP reads no
+    // payload (memif, no fault injection, no capture, no TCP checksums): can_defer_fill(). Returns false (copy
+    // it yourself) when off or the list is full.
     bool can_defer_fill() const noexcept { return defer_fill_ok_; }
     bool defer_fill(std::byte* dst, const std::byte* src, std::uint32_t len) noexcept {
         if (!defer_fill_ok_ || fill_tail_ == kMaxFills) return false;

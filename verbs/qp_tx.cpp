@@ -76,9 +76,9 @@ void TxHalf::start(rdmap::Upper& upper, const mpa::Agreed& agreed, std::uint32_t
 // are framed without their payload, each frame takes it straight from the application's memory, and the
 // chunk is filled after the send (stack::Stack::defer_fill); the batches of the message (and of whatever was
 // posted with it, up to the send buffer) then go out in this one call, each sent before the next is framed,
-// and fill_deferred() at the end fills the rest before we return. The peer starts on the first frame a copy earlier, and the fills overlap its work. SEND half round
-// trip (2026-11-27, interleaved with the commit before, three rounds): 32 KiB 2.51-2.71 vs 2.79-2.98 us,
-// 128 KiB 6.65-6.77 vs 7.48-7.76 us. Not for a stream (something in flight): the copies are the same and
+// and fill_deferred() at the end fills the rest before we return. The peer starts on the first frame a copy
+// earlier, and the fills overlap its work. SEND half round trip (2026-11-27, interleaved with the commit
+// before, three rounds): 32 KiB 2.51-2.71 vs 2.79-2.98 us, 128 KiB 6.65-6.77 vs 7.48-7.76 us. Not for a stream (something in flight): the copies are the same and
 // each frame's extra mbufs made 64 KiB WRITE ~10 % slower when every batch deferred.
 void TxHalf::flush(stack::TcpConnection& tcp) noexcept {
     const std::uint64_t t0 = cycles_lwip_ != nullptr ? cycles_now() : 0;
@@ -89,7 +89,8 @@ void TxHalf::flush(stack::TcpConnection& tcp) noexcept {
 bool TxHalf::pump(stack::TcpConnection& tcp) noexcept {
     if (!ep_) return false;
     bool wrote = false, again = false;
-    const bool deferring = zero_copy_ && fpdu_tx_->can_defer() && tcp.nothing_in_flight() && tcp.stack().can_defer_fill();
+    const bool deferring =
+        zero_copy_ && fpdu_tx_->can_defer() && tcp.nothing_in_flight() && tcp.stack().can_defer_fill();
     for (;;) {
         if (tcp.tx_staged() > 0 || len_ > 0) {
             const std::uint64_t t0 = cycles_lwip_ != nullptr ? cycles_now() : 0;

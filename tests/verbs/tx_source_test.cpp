@@ -80,7 +80,7 @@ TEST_CASE("a lone message is sent from registered memory, resent from the TX chu
             fill_pattern(2 * r, 0, std::span(p.buf).subspan(kWriteAt, len));
             fill_pattern(2 * r + 1, 0, std::span(p.buf).subspan(kReadAt, len));
             // Three pieces, cut at odd places: FPDUs gathering from two or three.
-            const std::uint32_t a = static_cast<std::uint32_t>(len / 3 + 1), b = static_cast<std::uint32_t>(2 * len / 3 + 3);
+            const auto a = static_cast<std::uint32_t>(len / 3 + 1), b = static_cast<std::uint32_t>(2 * len / 3 + 3);
             const verbs::Sge w[3] = {p.mr->sge(kWriteAt, a), p.mr->sge(kWriteAt + a, b - a),
                                      p.mr->sge(kWriteAt + b, static_cast<std::uint32_t>(len - b))};
             p.post_send({.wr_id = 20, .opcode = verbs::WrOpcode::rdma_write, .send_flags = verbs::send_flags::signaled,
