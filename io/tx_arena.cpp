@@ -10,7 +10,7 @@
 
 namespace softrdma::io {
 
-TxArena::TxArena(std::uint32_t chunks, int socket) : count_(chunks), shinfo_(chunks) {
+TxArena::TxArena(std::uint32_t chunks, int socket) : count_(chunks), shinfo_(chunks), gen_(chunks, 0) {
     base_ = static_cast<std::byte*>(
         rte_malloc_socket("softrdma_tx_arena", static_cast<std::size_t>(chunks) * kChunkSize, kChunkSize, socket));
     if (base_ == nullptr)

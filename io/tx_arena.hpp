@@ -58,6 +58,10 @@ public:
     // it is freed. The slice must lie inside the chunk's usable bytes.
     void attach(rte_mbuf* m, std::int32_t chunk, void* p, std::uint16_t len) noexcept;
 
+    // Counts the chunk's returns to the free list: a record of its bytes taken under one generation is stale
+    // once it differs (the chunk was freed, and may hold someone else's bytes now).
+    std::uint32_t generation(std::int32_t chunk) const noexcept { return gen_[static_cast<std::size_t>(chunk)]; }
+
     std::uint32_t size() const noexcept { return count_; }
     // Chunks handed out since construction (tests: the zero-copy path was taken).
     std::uint64_t acquired() const noexcept { return acquired_; }
@@ -65,7 +69,10 @@ public:
 
 private:
     static void free_cb(void* addr, void* opaque);
-    void put(std::int32_t chunk) noexcept { free_.push_back(chunk); }
+    void put(std::int32_t chunk) noexcept {
+        ++gen_[static_cast<std::size_t>(chunk)];
+        free_.push_back(chunk);
+    }
 
     std::byte* base_ = nullptr;
     rte_iova_t iova_ = RTE_BAD_IOVA;
@@ -73,6 +80,7 @@ private:
     std::uint64_t acquired_ = 0;
     std::vector<rte_mbuf_ext_shared_info> shinfo_;  // one per chunk
     std::vector<std::int32_t> free_;                // capacity count_: push_back never allocates
+    std::vector<std::uint32_t> gen_;                // one per chunk (generation())
 };
 
 }  // namespace softrdma::io

@@ -18,8 +18,9 @@ public:
     virtual std::size_t wire_size(std::size_t ulpdu_len) const = 0;
     // Writes one whole FPDU at the front of `out`, out.size() >= wire_size(ulpdu_len). Returns the bytes written.
     // Reads `header` during the call only; `payload` (borrowed, caller-owned: registered memory, a READ source)
-    // during the call, or, for a framer that sends it from where it is (verbs' DeferringFramer), until the end
-    // of the transmit turn that called pull_tx, on the same thread.
+    // during the call, or, for a framer that sends it from where it is (verbs' DeferringFramer), for as long as
+    // the work request's buffers are lent to the QP (until the completion the application polls, the MR's
+    // deregistration or the connection's close: stack::FillBook), on the same thread.
     virtual std::size_t write(std::span<std::byte> out, std::span<const std::byte> header,
                               std::span<const std::span<const std::byte>> payload) = 0;
 };

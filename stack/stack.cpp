@@ -136,6 +136,7 @@ Stack::Stack(io::Port& port, const StackConfig& cfg)
     // records a refused burst once by its head mbuf, would record it twice.
     defer_fill_ok_ = port.tx_arena() != nullptr && port.is_memif() && !port.faults_on() && !port.capturing() &&
                      !cfg.tcp_checksums && !cfg.rx_external;
+    fills_ = std::make_shared<FillBook>(port.tx_arena(), &counters_);
     foreign_shinfo_.free_cb = [](void*, void*) {};  // nothing to free: the bytes are the application's
     rte_mbuf_ext_refcnt_set(&foreign_shinfo_, 1);     // ours, so the count never reaches 0
     log::info("stack {} on {} (MTU {}{})", cfg.ip.address.str(), port.name(), port.mtu(),
@@ -143,6 +144,7 @@ Stack::Stack(io::Port& port, const StackConfig& cfg)
 }
 
 Stack::~Stack() {
+    fills_->detach();  // the chunks go with the port; completion queues holding the book find it empty
     // Closed connections whose last bytes the peer never acknowledged: lwIP must not reference their TX chunks
     // past the Stack (the port, and so the arena, may go next).
     while (!orphans_.empty()) {
@@ -171,7 +173,7 @@ signed char Stack::netif_init(netif* nif) {
     nif->hwaddr_len = ETH_HWADDR_LEN;
     std::copy(self->port_.mac().begin(), self->port_.mac().end(), nif->hwaddr);
     nif->flags = NETIF_FLAG_BROADCAST | NETIF_FLAG_ETHARP | NETIF_FLAG_ETHERNET | NETIF_FLAG_LINK_UP;
-    nif->output = etharp_output;
+    nif->output = &Stack::neighbour_output;
     nif->linkoutput = &Stack::link_output;
     return ERR_OK;
 }
@@ -209,7 +211,7 @@ signed char Stack::link_output(netif* nif, pbuf* p) {
         ++self->counters_.tx_deferred;
         return ERR_MEM;
     }
-    if (chained && self->fill_head_ != self->fill_tail_ && self->overlaps_fill(p)) {
+    if (chained && self->fills_->pending() && self->overlaps_fill(p)) {
         if (self->send_deferred(p, *arena, m)) return ERR_OK;
         self->fill_overlapping(p);  // the ring is busy: fill the chunk first and send from it as usual
         m = self->port_.alloc();  // (send_deferred freed the first)
@@ -305,41 +307,54 @@ bool overlaps(const std::byte* dst, std::uint32_t dlen, const std::byte* a, std:
 }  // namespace
 
 bool Stack::overlaps_fill(const pbuf* p) const noexcept {
+    const FillBook& book = *fills_;
     for (const pbuf* q = p->next; q != nullptr; q = q->next) {
         const auto* a = static_cast<const std::byte*>(q->payload);
-        for (unsigned i = fill_head_; i < fill_tail_; ++i) {
-            const Fill& f = fills_[i];
-            if (overlaps(f.dst, f.len, a, q->len)) return true;
+        for (unsigned i = book.first(); i != book.end(); ++i) {
+            const FillBook::Fill& f = book.at(i);
+            if (overlaps(f.dst, f.len, a, q->len) && book.live(f)) return true;
         }
     }
     return false;
 }
 
-// Copies every fill a pbuf of `p` overlaps into its chunk, whole (the bytes past the frame are owed anyway).
+// Settles every record a pbuf of `p` overlaps, whole (the bytes past the frame are owed anyway).
 void Stack::fill_overlapping(const pbuf* p) noexcept {
+    FillBook& book = *fills_;
     for (const pbuf* q = p->next; q != nullptr; q = q->next) {
         const auto* a = static_cast<const std::byte*>(q->payload);
-        for (unsigned i = fill_head_; i < fill_tail_; ++i) {
-            Fill& f = fills_[i];
-            if (!overlaps(f.dst, f.len, a, q->len)) continue;
-            std::memcpy(f.dst, f.src, f.len);
-            f.len = 0;
+        for (unsigned i = book.first(); i != book.end(); ++i) {
+            FillBook::Fill& f = book.at(i);
+            if (overlaps(f.dst, f.len, a, q->len) && book.live(f)) book.settle(f);
         }
     }
-    while (fill_head_ != fill_tail_ && fills_[fill_head_].len == 0) ++fill_head_;
-    if (fill_head_ == fill_tail_) fill_head_ = fill_tail_ = 0;
 }
 
-void Stack::fill_deferred() noexcept {
-    for (unsigned i = fill_head_; i < fill_tail_; ++i)
-        if (fills_[i].len != 0) std::memcpy(fills_[i].dst, fills_[i].src, fills_[i].len);
-    fill_head_ = fill_tail_ = 0;
+// lwIP's persist timer reads segment bytes (a zero-window probe copies one, a split copies the rest of the
+// segment): before the timers run with a window closed somewhere, the book is settled (see fill_book.hpp).
+bool Stack::any_persisting() const noexcept {
+    for (const tcp_pcb* pcb = tcp_active_pcbs; pcb != nullptr; pcb = pcb->next)
+        if (pcb->persist_backoff > 0) return true;
+    return false;
+}
+
+// The netif's IP output: etharp_output, which sends at once to a neighbour it knows and otherwise queues a copy
+// of the frame (reading its bytes) while it asks: for that, the book is settled first.
+signed char Stack::neighbour_output(netif* nif, pbuf* p, const ip4_addr* dest) {
+    auto* self = static_cast<Stack*>(nif->state);
+    if (self->fills_->pending()) {
+        eth_addr* mac = nullptr;
+        const ip4_addr_t* ip = nullptr;
+        if (etharp_find_addr(nif, dest, &mac, &ip) < 0) self->fills_->settle();
+    }
+    return etharp_output(nif, p, dest);
 }
 
 // A frame carrying deferred bytes: built with them attached from where they are and handed to the driver at
 // once (which copies it into its ring inside tx_burst and frees the mbufs: nothing points at `src` afterwards;
-// the chunk is filled later, by fill_deferred). False, with nothing queued, when frames wait for the ring, the
-// ring has no room for it now or mbufs ran out: the caller fills the chunk and sends from it as usual.
+// the record stays until the chunk is acknowledged or the record settled). False, with nothing queued, when
+// frames wait for the ring, the ring has no room for it now or mbufs ran out: the caller settles the records
+// and sends from the chunk as usual.
 // Ownership: `head` (a fresh mbuf) is the function's either way: sent (the driver's) or freed here.
 bool Stack::send_deferred(pbuf* p, io::TxArena& arena, rte_mbuf* head) noexcept {
     flush_tx_inner();
@@ -362,7 +377,7 @@ bool Stack::send_deferred(pbuf* p, io::TxArena& arena, rte_mbuf* head) noexcept 
     const std::uint32_t payload = tcp_payload_len(p);
     counters_.tx_copied_out += payload - std::min(attached, payload);
     counters_.tx_from_source += deferred;
-    return true;  // (the chunk is filled by fill_deferred, after the frames that follow: off the peer's path)
+    return true;
 }
 
 // As chain_payload, with the deferred bytes inside the chunk's pbufs attached from their source.
@@ -410,10 +425,12 @@ bool Stack::chain_deferred(rte_mbuf* head, pbuf* p, io::TxArena& arena, std::uin
             continue;
         }
         std::byte* const end = a + q->len;
-        // The fills are in stream order; those inside this pbuf, in address order.
-        for (unsigned i = fill_head_; i < fill_tail_ && a < end; ++i) {
-            const Fill& f = fills_[i];
-            if (!overlaps(f.dst, f.len, a, static_cast<std::size_t>(end - a))) continue;
+        // The records are in stream order per connection; the live ones inside this pbuf (one connection's
+        // chunk, one generation of it), in address order.
+        const FillBook& book = *fills_;
+        for (unsigned i = book.first(); i != book.end() && a < end; ++i) {
+            const FillBook::Fill& f = book.at(i);
+            if (!overlaps(f.dst, f.len, a, static_cast<std::size_t>(end - a)) || !book.live(f)) continue;
             std::byte* const d0 = std::max(f.dst, a);
             std::byte* const d1 = std::min(f.dst + f.len, end);
             if (!from_chunk(c, a, static_cast<std::uint32_t>(d0 - a))) return false;
@@ -421,7 +438,8 @@ bool Stack::chain_deferred(rte_mbuf* head, pbuf* p, io::TxArena& arena, std::uin
             if (m == nullptr) return false;
             const auto n = static_cast<std::uint16_t>(d1 - d0);
             // Ownership: the bytes stay the application's; the mbuf only points at them until tx_burst (or the
-            // caller on a failure) frees it, inside this turn; foreign_shinfo_'s free callback does nothing.
+            // caller on a failure) frees it, inside this call (the record outlives it); foreign_shinfo_'s free
+            // callback does nothing.
             rte_mbuf_ext_refcnt_update(&foreign_shinfo_, 1);
             rte_pktmbuf_attach_extbuf(m, const_cast<std::byte*>(f.src + (d0 - f.dst)), RTE_BAD_IOVA, n,
                                       &foreign_shinfo_);
@@ -679,6 +697,7 @@ unsigned Stack::poll() noexcept {
     ack_count_ = kept;
     if (tsc >= next_timer_tsc_) {
         next_timer_tsc_ = tsc + tsc_per_ms_;
+        if (fills_->pending() && any_persisting()) fills_->settle();
         sys_check_timeouts();
         reorder_unsent();
         if (counters_.tx_deferred != tw_deferred_seen_) retry_time_wait_acks();

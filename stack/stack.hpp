@@ -21,10 +21,12 @@
 
 #include "base/idle.hpp"
 #include "io/port.hpp"
+#include "stack/fill_book.hpp"
 
 struct netif;
 struct pbuf;
 struct tcp_pcb;
+struct ip4_addr;
 
 namespace softrdma::stack {
 
@@ -152,42 +154,33 @@ public:
     // reset or gives up, or the Stack ends (which aborts such pcbs first). Control path (allocates a record).
     void adopt_tx_chunks(tcp_pcb* pcb, std::span<const std::int32_t> chunks, std::uint32_t end_seq);
 
-    // Deferred payload: transmit straight from the application's memory, the TX chunk filled after the send.
-    // A framer framing in place in a TX chunk may leave an FPDU's payload out (mpa::FpduTx::write_deferred) and
-    // say here where it belongs (`dst`, chunk memory) and where it is now (`src`). A frame lwIP sends with those
-    // bytes then takes them straight from `src` (the driver copies them into its ring inside tx_burst, which
-    // link_output calls at once for such a frame), and fill_deferred() copies them into the chunk afterwards,
-    // while the peer already works on the frames; so the gather copy is off the path to the peer, and lwIP's
-    // retransmissions find the bytes in the chunk as before (a frame memif refuses: the chunk is filled first
-    // and the frame sent from it). Ownership: `src` is borrowed until fill_deferred(), which the framer's owner
-    // calls before anything else can run (before returning to the application, whose memory it is, and before
-    // a chunk can be released). Only where the driver copies in tx_burst and holds nothing, and lwIP reads no
-    // payload (memif, no fault injection, no capture, no TCP checksums): can_defer_fill(). Returns false (copy
-    // it yourself) when off or the list is full.
+    // Deferred payload: transmit straight from the application's memory; the TX chunk gets the bytes only if
+    // they must outlive the source's loan. A framer framing in place in a TX chunk may leave an FPDU's payload
+    // out (mpa::FpduTx::write_deferred) and say here where it belongs (`dst`, chunk memory) and where it is now
+    // (`src`): a FillBook record. Every frame lwIP sends with those bytes — the first send, a resend, a segment
+    // the window held back — takes them straight from `src` (attached to the frame, which memif copies into its
+    // ring inside tx_burst: link_output calls it at once for such a frame; if the frame has to wait for the ring
+    // the record is settled first and the frame sent from the chunk). A record ends when the peer acknowledges
+    // its chunk (nothing copied: the usual case in a stream) or when settled (FillBook: the loan of `src` ends
+    // at the completion the application polls, an MR's deregistration, an inline buffer's reuse; lwIP's
+    // persist timer and ARP queueing read segment bytes, so the Stack settles before either). Ownership: `src`
+    // is borrowed until its record ends. Only where the driver copies in tx_burst and holds nothing, and lwIP
+    // reads no payload (memif, no fault injection, no capture, no TCP checksums, not the RX thread's stack):
+    // can_defer_fill(). Caller: fill_room() != 0 first (when 0, copy it yourself).
     bool can_defer_fill() const noexcept { return defer_fill_ok_; }
-    bool defer_fill(std::byte* dst, const std::byte* src, std::uint32_t len) noexcept {
-        if (!defer_fill_ok_ || fill_tail_ == kMaxFills) return false;
-        fills_[fill_tail_++] = Fill{dst, src, len};
-        return true;
-    }
-    // Fills defer_fill() still takes (0 when off).
-    unsigned fill_room() const noexcept { return defer_fill_ok_ ? kMaxFills - fill_tail_ : 0; }
-    void fill_deferred() noexcept;
+    void defer_fill(std::byte* dst, const std::byte* src, std::uint32_t len) noexcept { fills_->add(dst, src, len); }
+    // Records defer_fill() still takes (0 when off).
+    unsigned fill_room() noexcept { return defer_fill_ok_ ? fills_->room() : 0; }
+    // Copies every outstanding deferred byte into its chunk (see FillBook): the sources are the application's
+    // again after this.
+    void settle_fills() noexcept { fills_->settle(); }
+    // The book, for the completion queues that settle it (they may outlive the Stack: it is emptied at its end).
+    const std::shared_ptr<FillBook>& fill_book() const noexcept { return fills_; }
 
 private:
     friend struct StackAccess;
     static signed char netif_init(netif* nif);
-    struct Fill {
-        std::byte* dst;
-        const std::byte* src;
-        std::uint32_t len;  // 0: done
-    };
-    // Sizing rule: what one connection's framer defers in one turn (fill_deferred() at its end): at most its send
-    // buffer (lwIP's TCP_SND_BUF, 256 KiB) in FPDUs of at least 1 KiB payload (verbs' DeferringFramer::kDeferMin),
-    // one fill per gathered piece: 256 covers a single piece each; when full the framer copies at once.
-    static constexpr unsigned kMaxFills = 256;
-    std::array<Fill, kMaxFills> fills_{};
-    unsigned fill_head_ = 0, fill_tail_ = 0;  // live fills in [fill_head_, fill_tail_)
+    std::shared_ptr<FillBook> fills_;  // made at construction (setup path)
     bool defer_fill_ok_ = false;
     rte_mbuf_ext_shared_info foreign_shinfo_{};  // the extbuf of mbufs carrying deferred bytes (freed in tx_burst)
     bool overlaps_fill(const pbuf* p) const noexcept;
@@ -196,6 +189,8 @@ private:
     bool chain_deferred(rte_mbuf* head, pbuf* p, io::TxArena& arena, std::uint32_t& attached,
                         std::uint32_t& deferred) noexcept;
     static signed char link_output(netif* nif, pbuf* p);
+    static signed char neighbour_output(netif* nif, pbuf* p, const ip4_addr* dest);
+    bool any_persisting() const noexcept;
     struct TxOrphan {
         Stack* stack;
         tcp_pcb* pcb;

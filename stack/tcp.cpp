@@ -277,8 +277,10 @@ bool TcpConnection::close() noexcept {
         return false;
     }
     // lwIP owns the pcb from here and frees it when the close completes. Staged bytes never reached it (dropped);
-    // the chunks holding bytes it took go to the Stack until they are acknowledged.
+    // the chunks holding bytes it took go to the Stack until they are acknowledged, and get what is still sent
+    // from application memory now (FillBook: the application may reuse its buffers once the QP is closed).
     tx_drop_staged();
+    stack_.settle_fills();
     release_tx_chunks(false);
     if (tx_count_ != 0) {
         std::array<std::int32_t, kTxChunks> ids{};

@@ -27,7 +27,8 @@ bool drain_fd(int fd) noexcept {
     return ::read(fd, &v, sizeof v) == static_cast<ssize_t>(sizeof v) && v != 0;
 }
 
-Cq::Cq(std::uint32_t cqe) : efd_(make_eventfd("create_cq")), ring_(cqe) {}
+Cq::Cq(std::uint32_t cqe, std::shared_ptr<stack::FillBook> fills)
+    : efd_(make_eventfd("create_cq")), ring_(cqe), fills_(std::move(fills)) {}
 
 Cq::~Cq() { ::close(efd_); }
 
@@ -57,6 +58,15 @@ std::size_t Cq::poll(std::span<WorkCompletion> out) noexcept {
         head_ = (head_ + 1) % ring_.size();
     }
     count_ -= n;
+    // A send-side completion returns the source buffers of its WR (and of the unsignaled WRs before it) to the
+    // application: payload still sent from them (stack::FillBook) goes into its TX chunks first. Receive
+    // completions return nothing of ours.
+    if (fills_ && fills_->pending())
+        for (std::size_t i = 0; i < n; ++i)
+            if (out[i].opcode != WcOpcode::recv && out[i].opcode != WcOpcode::recv_rdma_with_imm) {
+                fills_->settle();
+                break;
+            }
     return n;
 }
 

@@ -4,16 +4,21 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
 #include <softrdma/verbs.hpp>
 
+#include "stack/fill_book.hpp"
+
 namespace softrdma::verbs::detail {
 
 class Cq {
 public:
-    explicit Cq(std::uint32_t cqe);
+    // `fills`: the Context's stack::FillBook (shared: the CQ may outlive the Stack, which empties it at its end),
+    // settled when a poll returns a send-side completion; null for none.
+    Cq(std::uint32_t cqe, std::shared_ptr<stack::FillBook> fills);
     ~Cq();
     Cq(const Cq&) = delete;
     Cq& operator=(const Cq&) = delete;
@@ -41,6 +46,7 @@ private:
     std::size_t count_{0};
     std::uint64_t overruns_{0};
     CompletionQueue* handle_{nullptr};
+    std::shared_ptr<stack::FillBook> fills_;
 };
 
 // eventfd helpers shared with the engine.

@@ -416,8 +416,11 @@ RxCopyStats Engine::rx_copy_stats() const noexcept {
 
 TxCopyStats Engine::tx_copy_stats() const noexcept {
     const StackCounters& c = stack_->counters();
-    // The gather copy moves each framed payload byte once; lwIP's and the frame's copies are counted as made.
-    return TxCopyStats{.payload_bytes = framed_bytes_, .copied_bytes = framed_bytes_ + c.tx_copied_in + c.tx_copied_out};
+    // The gather copy moves each framed payload byte once, but for those framed without it (sent from their source:
+    // stack::FillBook), which count only if they were copied into their chunk later; lwIP's and the frame's copies
+    // are counted as made.
+    const std::uint64_t gathered = framed_bytes_ - std::min(framed_bytes_, c.tx_fill_deferred) + c.tx_fill_copied;
+    return TxCopyStats{.payload_bytes = framed_bytes_, .copied_bytes = gathered + c.tx_copied_in + c.tx_copied_out};
 }
 
 LayerCycles Engine::layer_cycles() const noexcept {
@@ -509,7 +512,7 @@ std::unique_ptr<ProtectionDomain> Context::alloc_pd() {
 
 std::unique_ptr<CompletionQueue> Context::create_cq(std::uint32_t cqe) {
     if (cqe == 0) throw Error("create_cq: cqe must be > 0");
-    return std::make_unique<CompletionQueue>(std::make_shared<detail::Cq>(cqe));
+    return std::make_unique<CompletionQueue>(std::make_shared<detail::Cq>(cqe, impl_->stack().fill_book()));
 }
 
 unsigned Context::poll() noexcept { return impl_->poll(); }

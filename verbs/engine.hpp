@@ -52,6 +52,10 @@ public:
     stack::Stack& stack() noexcept { return *stack_; }
     const stack::Stack& stack() const noexcept { return *stack_; }
     MemoryTable& memory() noexcept { return mem_; }
+    // Payload still sent from application memory goes into its TX chunks (stack::FillBook); nothing once closed.
+    void settle_fills() noexcept {
+        if (stack_) stack_->settle_fills();
+    }
     // The RX thread (nullptr when running to completion).
     threading::RxThread* rx_thread() noexcept { return rx_.get(); }
 

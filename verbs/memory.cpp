@@ -134,6 +134,8 @@ MemoryRegion::MemoryRegion(std::shared_ptr<detail::Engine> engine, std::uint32_t
 MemoryRegion::~MemoryRegion() {
     // After release() nothing reads or writes these bytes: every lease of the registration is dead, and WRs
     // still naming it fail at their next use (memory.hpp).
+    // Payload still sent from these bytes (stack::FillBook) goes into its TX chunks first.
+    engine_->settle_fills();
     threading::RxThread* rx = engine_->rx_thread();
     engine_->memory().release(index_, [rx] {
         if (rx != nullptr) rx->quiesce();

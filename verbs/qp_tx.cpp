@@ -13,8 +13,14 @@ std::size_t DeferringFramer::write(std::span<std::byte> out, std::span<const std
                                    std::span<const std::span<const std::byte>> payload) {
     if (defer_ != nullptr && tx_.can_defer() && !payload.empty() && defer_->fill_room() >= payload.size()) {
         std::size_t len = 0;
-        for (const auto& piece : payload) len += piece.size();
-        if (len >= kDeferMin) {
+        bool lent = true;  // every piece the application's until its completion (not an inline buffer)
+        const auto c0 = reinterpret_cast<std::uintptr_t>(copied_.data()), c1 = c0 + copied_.size();
+        for (const auto& piece : payload) {
+            len += piece.size();
+            const auto p0 = reinterpret_cast<std::uintptr_t>(piece.data());
+            lent = lent && (p0 + piece.size() <= c0 || p0 >= c1);
+        }
+        if (len >= kDeferMin && lent) {
             const std::size_t n = tx_.write_deferred(out, header, len);
             if (n == 0) return 0;
             std::byte* dst = out.data() + mpa::kLengthFieldSize + header.size();
@@ -29,14 +35,14 @@ std::size_t DeferringFramer::write(std::span<std::byte> out, std::span<const std
 }
 
 void TxHalf::start(rdmap::Upper& upper, const mpa::Agreed& agreed, std::uint32_t emss, std::uint32_t segment,
-                   const rdmap::Config& cfg, std::uint64_t& framed_total,
+                   const rdmap::Config& cfg, std::span<const std::byte> inline_bufs, std::uint64_t& framed_total,
                    std::uint64_t* cycles_framer, std::uint64_t* cycles_proto, std::uint64_t* cycles_lwip) {
     ep_.reset();
     framer_.reset();
     // FPDUs no larger than the copy staging holds (kCopyBatchMax): with large segments (emss 65344) the FPDUs
     // are 8960 bytes, as at MTU 9000, so a batch that finds no TX chunk free can still frame the next one.
     fpdu_tx_.emplace(mpa::tx_config(agreed, std::min(emss, kCopyBatchMax)));
-    framer_.emplace(*fpdu_tx_);
+    framer_.emplace(*fpdu_tx_, inline_bufs);
     ep_.emplace(rdmap::Role::tx, upper, *framer_, cfg);
     if (cycles_framer != nullptr) ep_->count_cycles(nullptr, cycles_framer);
     framed_total_ = &framed_total;
@@ -71,15 +77,16 @@ void TxHalf::start(rdmap::Upper& upper, const mpa::Agreed& agreed, std::uint32_t
 // 64 KiB 4.14-4.21 vs 4.82-5.02 us, 128 KiB 7.3-7.6 vs 8.1-8.2 us, 4 KiB-32 KiB and 256 KiB-1 MiB unchanged,
 // 2 FPDUs (17920) no better; 64 KiB WRITE bandwidth and the 64 B message rate unchanged (a stream is never
 // quiet).
-// Sending a lone message from where it is (`deferring`): when the link is quiet, the Stack can (memif, no
-// CRC, no Markers) and the batch is framed in place, FPDUs of at least DeferringFramer::kDeferMin payload
-// are framed without their payload, each frame takes it straight from the application's memory, and the
-// chunk is filled after the send (stack::Stack::defer_fill); the batches of the message (and of whatever was
-// posted with it, up to the send buffer) then go out in this one call, each sent before the next is framed,
-// and fill_deferred() at the end fills the rest before we return. The peer starts on the first frame a copy
-// earlier, and the fills overlap its work. SEND half round trip (2026-11-27, interleaved with the commit
-// before, three rounds): 32 KiB 2.51-2.71 vs 2.79-2.98 us, 128 KiB 6.65-6.77 vs 7.48-7.76 us. Not for a stream (something in flight): the copies are the same and
-// each frame's extra mbufs made 64 KiB WRITE ~10 % slower when every batch deferred.
+// Sending from where the payload is (`deferring`): when the Stack can (memif, no CRC, no Markers) and the batch
+// is framed in place, FPDUs of at least DeferringFramer::kDeferMin payload are framed without their payload,
+// each frame takes it straight from the application's memory, and the chunk gets the bytes only if they must
+// outlive the source's loan (stack::Stack::defer_fill, stack::FillBook): in a stream most are acknowledged
+// first, so a payload byte is copied once on this side (memif's, into its ring) instead of twice. 64 KiB WRITE
+// 21.0 -> 23.9 GB/s and 8 MiB 14.6 -> 17.3 GB/s in a first measurement with the settling left out (2026-11-27,
+// five interleaved rounds; README "Sending from the source"). A lone message (nothing in flight, `lone`): its
+// batches go out in this one call, each sent before the next is framed, so the peer starts on the first frame
+// a copy earlier. SEND half round trip (2026-11-27, interleaved with the commit before, three rounds): 32 KiB
+// 2.51-2.71 vs 2.79-2.98 us, 128 KiB 6.65-6.77 vs 7.48-7.76 us.
 void TxHalf::flush(stack::TcpConnection& tcp) noexcept {
     const std::uint64_t t0 = cycles_lwip_ != nullptr ? cycles_now() : 0;
     tcp.flush();
@@ -89,8 +96,8 @@ void TxHalf::flush(stack::TcpConnection& tcp) noexcept {
 bool TxHalf::pump(stack::TcpConnection& tcp) noexcept {
     if (!ep_) return false;
     bool wrote = false, again = false;
-    const bool deferring =
-        zero_copy_ && fpdu_tx_->can_defer() && tcp.nothing_in_flight() && tcp.stack().can_defer_fill();
+    const bool deferring = zero_copy_ && fpdu_tx_->can_defer() && tcp.stack().can_defer_fill();
+    const bool lone = deferring && tcp.nothing_in_flight();
     for (;;) {
         if (tcp.tx_staged() > 0 || len_ > 0) {
             const std::uint64_t t0 = cycles_lwip_ != nullptr ? cycles_now() : 0;
@@ -117,7 +124,7 @@ bool TxHalf::pump(stack::TcpConnection& tcp) noexcept {
         if (gate_ && !failed) break;
         if (!ep_->tx_ready()) break;
         if (!tcp.tx_segment_boundary()) {
-            if (deferring && wrote) {  // send it now and go on framing (see above)
+            if (lone && wrote) {  // send it now and go on framing (see above)
                 flush(tcp);
                 wrote = false;
                 if (tcp.tx_segment_boundary()) continue;
@@ -149,7 +156,6 @@ bool TxHalf::pump(stack::TcpConnection& tcp) noexcept {
         }
     }
     if (wrote) flush(tcp);
-    tcp.stack().fill_deferred();  // what lwIP did not send yet: the chunk must hold it before we return
     return again;
 }
 

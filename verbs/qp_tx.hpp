@@ -32,7 +32,9 @@ namespace softrdma::verbs::detail {
 // sources, which only the application's thread (this one) can release, outside pump().
 class DeferringFramer final : public rdmap::Framer {
 public:
-    explicit DeferringFramer(mpa::FpduTx& tx) : tx_(tx) {}
+    // `copied`: memory whose bytes are always copied at framing (the send queue's inline buffers, written again
+    // as soon as a WR's slot is reused, which the application's completions do not order).
+    DeferringFramer(mpa::FpduTx& tx, std::span<const std::byte> copied) : tx_(tx), copied_(copied) {}
     std::size_t mulpdu() const override { return tx_.mulpdu(); }
     std::size_t wire_size(std::size_t ulpdu_len) const override { return tx_.wire_size(ulpdu_len); }
     std::size_t write(std::span<std::byte> out, std::span<const std::byte> header,
@@ -43,6 +45,7 @@ public:
 
 private:
     mpa::FpduTx& tx_;
+    std::span<const std::byte> copied_;
     stack::Stack* defer_ = nullptr;
 };
 
@@ -51,8 +54,9 @@ public:
     // A new stream (control path). `cycles_framer` / `cycles_proto` / `cycles_lwip` (null = off): layer accounting.
     // `emss`: what FPDUs are sized for; `segment`: the TCP segment size (the batch of FPDUs pump() hands over).
     // `framed_total`: DDP payload bytes framed are added to it (TxCopyStats; borrowed, the Engine's).
+    // `inline_bufs`: the send queue's inline buffers (borrowed: the QP's), never sent from (DeferringFramer).
     void start(rdmap::Upper& upper, const mpa::Agreed& agreed, std::uint32_t emss, std::uint32_t segment,
-               const rdmap::Config& cfg, std::uint64_t& framed_total,
+               const rdmap::Config& cfg, std::span<const std::byte> inline_bufs, std::uint64_t& framed_total,
                std::uint64_t* cycles_framer, std::uint64_t* cycles_proto, std::uint64_t* cycles_lwip);
     bool started() const noexcept { return ep_.has_value(); }
     rdmap::Endpoint& ep() noexcept { return *ep_; }

@@ -38,8 +38,11 @@ struct StackCounters {
     // Copies on the transmit path (TxCopyStats), counted over TCP payload:
     std::uint64_t tx_copied_in = 0;   // bytes lwIP copied out of the sender's buffer (TcpConnection::write)
     std::uint64_t tx_copied_out = 0;  // TCP payload copied into mbufs (frames not sent by reference to TX chunks)
-    std::uint64_t tx_from_source = 0;  // TCP payload sent straight from the application's memory, copied into its
-                                       // TX chunk after the send (a lone message: Stack::defer_fill)
+    std::uint64_t tx_from_source = 0;  // TCP payload sent straight from the application's memory (deferred payload:
+                                       // Stack::defer_fill), resends included
+    std::uint64_t tx_fill_deferred = 0;  // payload bytes framed without their payload (left in the source)
+    std::uint64_t tx_fill_copied = 0;    // of those, copied into their TX chunk later (stack::FillBook::settle: the
+                                         // source's loan ended before the peer acknowledged them); the rest never were
 };
 
 // The dedicated RX thread (ThreadingMode::rx_thread).

@@ -197,7 +197,8 @@ int finish_checks(stack::Stack& stack, io::Port& port, const stack::PoolUsage& b
            " tx_frames=" + std::to_string(c.tx_frames) + " tx_dropped=" + std::to_string(c.tx_dropped) +
            " tx_deferred=" + std::to_string(c.tx_deferred) +
            " unsent_reordered=" + std::to_string(c.unsent_reordered) +
-           " tx_from_source=" + std::to_string(c.tx_from_source));
+           " tx_from_source=" + std::to_string(c.tx_from_source) +
+           " tx_fill_deferred=" + std::to_string(c.tx_fill_deferred) + " tx_fill_copied=" + std::to_string(c.tx_fill_copied));
     report(stack.protocol_counters());
     const auto d = port.device_stats();
     report("port tx_refused=" + std::to_string(port.counters().tx_refused) + " imissed=" +
