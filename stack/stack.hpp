@@ -64,7 +64,8 @@ inline constexpr std::uint32_t kLargeSegmentMtu = kLargeSegmentMss + 40;
 
 struct StackCycles {
     std::uint64_t io = 0;     // inside rx_burst / tx_burst
-    std::uint64_t total = 0;  // inside poll() and flush_tx(), io and the receive callbacks included
+    std::uint64_t total = 0;  // inside poll() and flush_tx(), io and the receive callbacks included, and the
+                              // driver calls of frames sent from their source (send_deferred, in lwIP's output)
 };
 
 // lwIP pool and heap usage, for leak checks: every test ends by comparing against its start.
