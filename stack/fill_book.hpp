@@ -8,8 +8,10 @@
 // The loan: a source is the application's until the work request that named it completes, so the book must be
 // settled (every live record copied into its chunk) before the application can learn of any send-side
 // completion — a completion queue settles it when a poll returns one (verbs::detail::Cq), before an MR is
-// deregistered, and before an inline buffer is written again; the Stack settles it before lwIP's persist timer
-// (which reads segment bytes) and before an ARP request (lwIP queues a copy of the frame). A record dies by
+// deregistered, and when a connection closes (inline payload is never deferred: the send queue reuses its
+// buffers without a completion); the Stack settles it before lwIP's persist timer runs with a window closed
+// (a zero-window probe or a split reads segment bytes). lwIP holds our segments by reference (PBUF_ROM), so
+// ARP queueing keeps them as they are and sends them through link_output later. A record dies by
 // itself when its chunk goes back to the free list (every byte acknowledged: io::TxArena::generation changes),
 // and the records are dropped unsettled when the Stack ends (detach()).
 //
@@ -40,8 +42,10 @@ public:
     // Sizing rule: records live until their chunk is acknowledged, so the ring must hold what a connection has
     // unacknowledged — lwIP's send buffer (TCP_SND_BUF, 256 KiB) in FPDUs of at least 1 KiB payload (verbs'
     // DeferringFramer::kDeferMin) — plus the chunk the acknowledgement has not freed yet: 512 for a single piece
-    // per FPDU. When it is full the framer copies at once (Stack::fill_room): more records, more busy
-    // connections sending from their sources, but a longer scan per deferred frame (Stack::link_output).
+    // per FPDU. The ring is the Stack's, shared by its connections and retired from the head only, so a slow
+    // connection's records hold the room of the others. When it is full the framer copies at once
+    // (Stack::fill_room): correct, only slower. More records: more connections sending from their sources, but a
+    // longer scan per frame carrying deferred bytes (Stack::link_output).
     static constexpr unsigned kCapacity = 512;
     static_assert((kCapacity & (kCapacity - 1)) == 0);
 

@@ -105,7 +105,8 @@ static_assert(kLargeSegmentMtu + 14 <= 65472 && kLargeSegmentMtu + 14 <= io::Por
 
 Stack::Stack(io::Port& port, const StackConfig& cfg)
     : port_(port), large_segments_(cfg.large_segments && port.large_frames() && !cfg.rx_external), cfg_(cfg),
-      netif_(std::make_unique<netif>()), owner_(std::this_thread::get_id()) {
+      netif_(std::make_unique<netif>()), owner_(std::this_thread::get_id()),
+      fills_(std::make_shared<FillBook>(port.tx_arena(), &counters_)) {  // before netif_add: link_output reads it
     if (g_stack != nullptr) throw std::logic_error("one softrdma::stack::Stack per process (lwIP is global)");
     static bool lwip_ready = false;
     if (!lwip_ready) {
@@ -136,7 +137,6 @@ Stack::Stack(io::Port& port, const StackConfig& cfg)
     // records a refused burst once by its head mbuf, would record it twice.
     defer_fill_ok_ = port.tx_arena() != nullptr && port.is_memif() && !port.faults_on() && !port.capturing() &&
                      !cfg.tcp_checksums && !cfg.rx_external;
-    fills_ = std::make_shared<FillBook>(port.tx_arena(), &counters_);
     foreign_shinfo_.free_cb = [](void*, void*) {};  // nothing to free: the bytes are the application's
     rte_mbuf_ext_refcnt_set(&foreign_shinfo_, 1);     // ours, so the count never reaches 0
     log::info("stack {} on {} (MTU {}{})", cfg.ip.address.str(), port.name(), port.mtu(),
@@ -173,7 +173,7 @@ signed char Stack::netif_init(netif* nif) {
     nif->hwaddr_len = ETH_HWADDR_LEN;
     std::copy(self->port_.mac().begin(), self->port_.mac().end(), nif->hwaddr);
     nif->flags = NETIF_FLAG_BROADCAST | NETIF_FLAG_ETHARP | NETIF_FLAG_ETHERNET | NETIF_FLAG_LINK_UP;
-    nif->output = &Stack::neighbour_output;
+    nif->output = etharp_output;
     nif->linkoutput = &Stack::link_output;
     return ERR_OK;
 }
@@ -211,10 +211,13 @@ signed char Stack::link_output(netif* nif, pbuf* p) {
         ++self->counters_.tx_deferred;
         return ERR_MEM;
     }
-    if (chained && self->fills_->pending() && self->overlaps_fill(p)) {
-        if (self->send_deferred(p, *arena, m)) return ERR_OK;
-        self->fill_overlapping(p);  // the ring is busy: fill the chunk first and send from it as usual
-        m = self->port_.alloc();  // (send_deferred freed the first)
+    if (self->fills_->pending() && self->overlaps_fill(p)) {
+        if (chained) {
+            if (self->send_deferred(p, *arena, m)) return ERR_OK;
+            m = self->port_.alloc();  // (send_deferred freed the first)
+        }
+        // The ring is busy (or the frame is not shaped for it): settle first and send from the chunk as usual.
+        self->fill_overlapping(p);
         if (m == nullptr) {
             ++self->counters_.tx_deferred;
             return ERR_MEM;
@@ -338,19 +341,6 @@ bool Stack::any_persisting() const noexcept {
     return false;
 }
 
-// The netif's IP output: etharp_output, which sends at once to a neighbour it knows and otherwise queues a copy
-// of the frame (reading its bytes) while it asks: for that, the book is settled first. (A destination off the
-// subnet has no entry of its own, the gateway has: its frames settle every time. Correct, only slower; memif
-// peers share the subnet.)
-signed char Stack::neighbour_output(netif* nif, pbuf* p, const ip4_addr* dest) {
-    auto* self = static_cast<Stack*>(nif->state);
-    if (self->fills_->pending()) {
-        eth_addr* mac = nullptr;
-        const ip4_addr_t* ip = nullptr;
-        if (etharp_find_addr(nif, dest, &mac, &ip) < 0) self->fills_->settle();
-    }
-    return etharp_output(nif, p, dest);
-}
 
 // A frame carrying deferred bytes: built with them attached from where they are and handed to the driver at
 // once (which copies it into its ring inside tx_burst and frees the mbufs: nothing points at `src` afterwards;
@@ -370,11 +360,7 @@ bool Stack::send_deferred(pbuf* p, io::TxArena& arena, rte_mbuf* head) noexcept 
     rte_mbuf* one[1] = {head};
     wire_release(&port_);
     const unsigned sent = port_.tx_burst(std::span(one, 1));
-    if (cfg_.count_cycles) {  // (inside lwIP's output, outside poll(): counted in total too)
-        const std::uint64_t d = cycles_now() - t0;
-        cycles_.io += d;
-        cycles_.total += d;
-    }
+    if (cfg_.count_cycles) count_io(cycles_now() - t0);
     if (sent == 0) {
         rte_pktmbuf_free(head);
         return false;
@@ -502,7 +488,9 @@ void Stack::drop_orphan(TxOrphan* o, bool pcb_alive) noexcept {
 void Stack::flush_tx() noexcept {
     if (!cfg_.count_cycles) return flush_tx_inner();
     const std::uint64_t t0 = cycles_now();
+    timed_ = true;
     flush_tx_inner();
+    timed_ = false;
     cycles_.total += cycles_now() - t0;
 }
 
@@ -515,7 +503,7 @@ void Stack::flush_tx_inner() noexcept {
     while (tx_head_ != tx_tail_) {
         const std::uint64_t t0 = cfg_.count_cycles ? cycles_now() : 0;
         const unsigned sent = port_.tx_burst(std::span(tx_queue_ + tx_head_, std::min(tx_tail_ - tx_head_, 64u)));
-        if (cfg_.count_cycles) cycles_.io += cycles_now() - t0;
+        if (cfg_.count_cycles) count_io(cycles_now() - t0);
         if (sent == 0) {
             // A full ring waits for the next turn; a link that is down (the peer is gone) never takes them:
             // drop what is queued rather than hold mbufs for it (TCP resends if the link comes back).
@@ -684,6 +672,7 @@ void Stack::input_external(std::byte* data, std::uint32_t len, ReleaseFn release
 unsigned Stack::poll() noexcept {
     assert_owner();
     const std::uint64_t t_start = cfg_.count_cycles ? cycles_now() : 0;
+    timed_ = cfg_.count_cycles;
     // Drain up to 4 bursts per turn: the peer's ring empties faster than one burst per turn of ours.
     constexpr unsigned kBurst = 32;
     rte_mbuf* burst[kBurst];
@@ -709,6 +698,7 @@ unsigned Stack::poll() noexcept {
         if (counters_.tx_deferred != tw_deferred_seen_) retry_time_wait_acks();
     }
     flush_tx_inner();
+    timed_ = false;
     if (cfg_.count_cycles) cycles_.total += cycles_now() - t_start;
     return n;
 }

@@ -26,7 +26,6 @@
 struct netif;
 struct pbuf;
 struct tcp_pcb;
-struct ip4_addr;
 
 namespace softrdma::stack {
 
@@ -65,7 +64,8 @@ inline constexpr std::uint32_t kLargeSegmentMtu = kLargeSegmentMss + 40;
 struct StackCycles {
     std::uint64_t io = 0;     // inside rx_burst / tx_burst
     std::uint64_t total = 0;  // inside poll() and flush_tx(), io and the receive callbacks included, and the
-                              // driver calls of frames sent from their source (send_deferred, in lwIP's output)
+                              // driver calls made outside them (lwIP's output, called by a QP's flush, sending
+                              // a frame from its source or draining a full queue: count_io)
 };
 
 // lwIP pool and heap usage, for leak checks: every test ends by comparing against its start.
@@ -163,8 +163,8 @@ public:
     // ring inside tx_burst: link_output calls it at once for such a frame; if the frame has to wait for the ring
     // the record is settled first and the frame sent from the chunk). A record ends when the peer acknowledges
     // its chunk (nothing copied: the usual case in a stream) or when settled (FillBook: the loan of `src` ends
-    // at the completion the application polls, an MR's deregistration, an inline buffer's reuse; lwIP's
-    // persist timer and ARP queueing read segment bytes, so the Stack settles before either). Ownership: `src`
+    // at the completion the application polls, an MR's deregistration, the connection's close; lwIP's persist
+    // timer reads segment bytes, so the Stack settles before it runs with a window closed). Ownership: `src`
     // is borrowed until its record ends. Only where the driver copies in tx_burst and holds nothing, and lwIP
     // reads no payload (memif, no fault injection, no capture, no TCP checksums, not the RX thread's stack):
     // can_defer_fill(). Caller: fill_room() != 0 first (when 0, copy it yourself).
@@ -181,7 +181,12 @@ public:
 private:
     friend struct StackAccess;
     static signed char netif_init(netif* nif);
-    std::shared_ptr<FillBook> fills_;  // made at construction (setup path)
+    // Layer accounting: inside poll() or flush_tx(), whose time goes into StackCycles::total whole.
+    bool timed_ = false;
+    void count_io(std::uint64_t d) noexcept {
+        cycles_.io += d;
+        if (!timed_) cycles_.total += d;
+    }
     bool defer_fill_ok_ = false;
     rte_mbuf_ext_shared_info foreign_shinfo_{};  // the extbuf of mbufs carrying deferred bytes (freed in tx_burst)
     bool overlaps_fill(const pbuf* p) const noexcept;
@@ -190,7 +195,6 @@ private:
     bool chain_deferred(rte_mbuf* head, pbuf* p, io::TxArena& arena, std::uint32_t& attached,
                         std::uint32_t& deferred) noexcept;
     static signed char link_output(netif* nif, pbuf* p);
-    static signed char neighbour_output(netif* nif, pbuf* p, const ip4_addr* dest);
     bool any_persisting() const noexcept;
     struct TxOrphan {
         Stack* stack;
@@ -218,6 +222,7 @@ private:
     StackConfig cfg_;
     std::unique_ptr<netif> netif_;
     std::thread::id owner_;
+    std::shared_ptr<FillBook> fills_;  // made at construction (setup path)
     // lwIP's timers run at most once per millisecond; the check is one TSC read and compare per turn.
     std::uint64_t next_timer_tsc_ = 0;
     std::uint64_t tsc_per_ms_ = 1;

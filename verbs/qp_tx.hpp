@@ -26,10 +26,12 @@ namespace softrdma::verbs::detail {
 
 // Frames with mpa::FpduTx. While pump() frames in place in a TX chunk on a Stack that can (defer_to), the payload
 // of an FPDU carrying at least kDeferMin bytes is left out of the chunk (mpa::FpduTx::write_deferred: no CRC,
-// no Markers) and handed to the Stack as a deferred fill (stack::Stack::defer_fill): the frame goes out
-// straight from the application's memory and the chunk is filled after the send. The payload spans must then
-// stay valid until pump() ends (it calls Stack::fill_deferred): the work requests' registered memory and READ
-// sources, which only the application's thread (this one) can release, outside pump().
+// no Markers) and recorded with the Stack (stack::Stack::defer_fill, stack::FillBook): every frame carrying it
+// goes out straight from the application's memory, and the chunk gets it only if the loan of that memory ends
+// first. The payload spans must then stay valid until the record ends: the work requests' registered memory
+// and READ sources, whose loan ends at a polled send-side completion, an MR's deregistration or the
+// connection's close (each settles the book first), all on the application's thread (this one). Pieces in the
+// send queue's inline buffers are always copied.
 class DeferringFramer final : public rdmap::Framer {
 public:
     // `copied`: memory whose bytes are always copied at framing (the send queue's inline buffers, written again
