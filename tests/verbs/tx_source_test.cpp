@@ -34,15 +34,42 @@ void expect_ok(const std::vector<verbs::WorkCompletion>& wcs) {
             throw std::runtime_error("WR " + std::to_string(w.wr_id) + ": " + verbs::to_string(w.status));
 }
 
+// The server of both cases: its port drops 3 % of what it receives (seeded), so TCP resends.
+PeerConfig dropping(const PeerConfig& base, std::uint64_t seed) {
+    PeerConfig cfg = base;
+    cfg.port.faults.rx = {.drop = 0.03};
+    cfg.port.faults.seed = seed;
+    return cfg;
+}
+
+// Ends the server: some frame must have been dropped, or the case tested no resend.
+int end_dropping(Peer& p) {
+    const FaultCounters f = p.ctx->impl().port().rx_fault_counters();
+    report("dropped " + std::to_string(f.dropped) + " received frames");
+    if (f.dropped == 0) throw std::runtime_error("no frame was dropped");
+    return p.end(0);
+}
+
+// Runs the two roles over a memif pair, TCP checksums off on both (the server's drops make its checksums
+// automatic-on; nothing here corrupts).
+template <class Server, class Client>
+void run_with_drops(Server server, Client client) {
+    auto [s, c] = memif_pair();
+    g_checksums_off = true;
+    const auto out = run_roles({{"server", [&, s = s] { return server(s); }},
+                                {"client", [&, c = c] { return client(c); }, 200ms}},
+                               180s);
+    g_checksums_off = false;
+    check_outcomes(out);
+    for (const auto& o : out) WARN(o.name << ": " << o.report);
+}
+
 }  // namespace
 
 TEST_CASE("a lone message is sent and resent from registered memory through 3 % drops, every byte checked",
           "[verbs][memif][faults][tsan-slow]") {
     auto server = [](const PeerConfig& base) {
-        PeerConfig cfg = base;
-        cfg.port.faults.rx = {.drop = 0.03};
-        cfg.port.faults.seed = 4242;
-        Peer p(cfg, kBytes, kAll);
+        Peer p(dropping(base, 4242), kBytes, kAll);
         p.post_recv(1, kCtlAt, 8);
         p.serve();
         for (int r = 0; r < kRounds; ++r) {
@@ -65,10 +92,7 @@ TEST_CASE("a lone message is sent and resent from registered memory through 3 % 
                          .sg_list = {&s, 1}});
             expect_ok(p.wait_wc(1, kLong));
         }
-        const FaultCounters f = p.ctx->impl().port().rx_fault_counters();
-        report("dropped " + std::to_string(f.dropped) + " received frames");
-        if (f.dropped == 0) throw std::runtime_error("no frame was dropped");
-        return p.end(0);
+        return end_dropping(p);
     };
     auto client = [](const PeerConfig& cfg) {
         Peer p(cfg, kBytes, kAll);
@@ -103,14 +127,7 @@ TEST_CASE("a lone message is sent and resent from registered memory through 3 % 
             throw std::runtime_error("sent from the source: " + std::to_string(sc.tx_from_source) + " bytes");
         return p.end(0);
     };
-    auto [s, c] = memif_pair();
-    g_checksums_off = true;  // the server's drops make its checksums automatic-on; nothing here corrupts
-    const auto out = run_roles({{"server", [&, s = s] { return server(s); }},
-                                {"client", [&, c = c] { return client(c); }, 200ms}},
-                               180s);
-    g_checksums_off = false;
-    check_outcomes(out);
-    for (const auto& o : out) WARN(o.name << ": " << o.report);
+    run_with_drops(server, client);
 }
 
 // A stream goes out from registered memory too, and its sources are lent until the application can take them
@@ -141,10 +158,7 @@ std::uint64_t seed(int g, std::size_t s) { return static_cast<std::uint64_t>(g) 
 TEST_CASE("a stream is sent from registered memory, lent until its completion is polled, every byte checked",
           "[verbs][memif][faults][tsan-slow]") {
     auto server = [](const PeerConfig& base) {
-        PeerConfig cfg = base;
-        cfg.port.faults.rx = {.drop = 0.03};
-        cfg.port.faults.seed = 777;
-        Peer p(cfg, kStreamBytes, kAll);
+        Peer p(dropping(base, 777), kStreamBytes, kAll);
         p.post_recv(1, kCtl, 8);
         p.serve();
         for (int g = 0; g < kGroups; ++g) {
@@ -164,10 +178,7 @@ TEST_CASE("a stream is sent from registered memory, lent until its completion is
                          .sg_list = {&c, 1}});
             expect_ok(p.wait_wc(1, kLong));
         }
-        const FaultCounters f = p.ctx->impl().port().rx_fault_counters();
-        report("dropped " + std::to_string(f.dropped) + " received frames");
-        if (f.dropped == 0) throw std::runtime_error("no frame was dropped");
-        return p.end(0);
+        return end_dropping(p);
     };
     auto client = [](const PeerConfig& cfg) {
         Peer p(cfg, kStreamBytes, kAll);
@@ -239,12 +250,5 @@ TEST_CASE("a stream is sent from registered memory, lent until its completion is
         }
         return p.end(0);
     };
-    auto [s, c] = memif_pair();
-    g_checksums_off = true;  // the server's drops make its checksums automatic-on; nothing here corrupts
-    const auto out = run_roles({{"server", [&, s = s] { return server(s); }},
-                                {"client", [&, c = c] { return client(c); }, 200ms}},
-                               180s);
-    g_checksums_off = false;
-    check_outcomes(out);
-    for (const auto& o : out) WARN(o.name << ": " << o.report);
+    run_with_drops(server, client);
 }
