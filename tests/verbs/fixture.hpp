@@ -82,7 +82,7 @@ inline std::string term_str(const TermCode& c) {
 
 // One side: context, PD, CQ, QP, a buffer registered as one MR.
 struct Peer {
-    const PeerConfig& cfg;
+    const PeerConfig cfg;  // a copy: callers may pass a temporary (a derived config)
     std::unique_ptr<verbs::Context> ctx;
     stack::PoolUsage baseline;
     std::unique_ptr<verbs::ProtectionDomain> pd;
