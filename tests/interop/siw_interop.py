@@ -59,8 +59,10 @@ class Lab:
         # which QEMU (linked against libibverbs) would load, and in a sanitizer build that aborts it ("ASan
         # runtime does not come first"). Our stock tools get the drop-in from softrdma-run instead.
         base = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+        # SIWVM_DEBUG: the guests' whole kernel log on their consoles (no "quiet"), so that the check of the
+        # logs at the end sees warnings too (a NETDEV WATCHDOG, a soft lockup), not only what is logged as an error.
         self.env = dict(base, SIWVM_NETNS=self.ns, SIWVM_LOGDIR=os.path.join(workdir, "logs"),
-                        SIWVM_CAPDIR=os.path.join(workdir, "captures"))
+                        SIWVM_CAPDIR=os.path.join(workdir, "captures"), SIWVM_DEBUG="1")
         os.makedirs(self.env["SIWVM_LOGDIR"], exist_ok=True)
         self.procs = []  # (Popen, name): VMs and tshark, killed by down()
         self.pcap = os.path.join(workdir, "bridge.pcapng")
@@ -109,6 +111,14 @@ class Lab:
     def guest_log(self, name):
         path = os.path.join(self.env["SIWVM_LOGDIR"], name + ".log")
         return open(path, errors="replace").read() if os.path.exists(path) else ""
+
+    def probe_guest(self, ip):
+        """Whether a guest's network still answers: ARP and an ICMP echo from dpdk0 (free between our programs),
+        for the detail of a failed case: a guest gone silent to these too has lost its network, not one
+        connection."""
+        r = subprocess.run(["ip", "netns", "exec", self.ns, "python3", os.path.join(self.siwvm, "l2probe.py"),
+                            "dpdk0", ip], capture_output=True, text=True, timeout=30)
+        return "probe of the guest after the failure: " + " | ".join((r.stdout + r.stderr).split("\n")).strip(" |")
 
     def stop_vm(self, p, wait_s=0):
         if wait_s:
@@ -340,8 +350,8 @@ def dropin_runs(cases, lab, run):
                 if rebooted:
                     break
                 rebooted = True
-                notes.append("failed after connecting or three times (rc=%d), run again against a new guest:\n%s"
-                             % (rc, out[-1500:]))
+                notes.append("failed after connecting or three times (rc=%d), run again against a new guest:\n%s\n%s"
+                             % (rc, out[-1500:], lab.probe_guest(VM1[1])))
                 log("%s -R client: %s" % (t, notes[-1][:200]))
                 vm = reboot(vm, VM1, vm1_cmd(PERFTESTS[i:], False))
                 continue
@@ -350,8 +360,10 @@ def dropin_runs(cases, lab, run):
             log("%s -R client: %s" % (t, notes[-1]))
             time.sleep(1)
         # perftest ends by destroying its connected ids, which iWARP stacks answer with a reset: not checked.
-        cases.record("drop-in: stock %s -R client under softrdma-run against siw" % t, perftest_ok(rc, out),
-                     "rc=%d\n%s%s" % (rc, "".join(n + "\n" for n in notes), out), t0, clean=False)
+        ok = perftest_ok(rc, out)
+        cases.record("drop-in: stock %s -R client under softrdma-run against siw" % t, ok,
+                     "rc=%d\n%s%s%s" % (rc, "".join(n + "\n" for n in notes), out,
+                                        "" if ok else "\n" + lab.probe_guest(VM1[1])), t0, clean=False)
     lab.stop_vm(vm, wait_s=20)
     guest_logs["vm1"] += lab.guest_log("vm1")
     # We serve, siw connects (retrying until each of our servers listens). A perftest client is run again only
@@ -379,12 +391,15 @@ def dropin_runs(cases, lab, run):
         rc, out = lab.ours(run + [t, "-R", "-F", "-n", "200"], 120)
         if not (rc == 0 and "remote address:" in out) and not rebooted:
             rebooted = True
-            note = "failed (rc=%d), run again against a new guest:\n%s\n" % (rc, out[-1500:])
+            note = "failed (rc=%d), run again against a new guest:\n%s\n%s\n" % (rc, out[-1500:],
+                                                                               lab.probe_guest(VM2[1]))
             log("%s -R server: %s" % (t, note[:200]))
             vm = reboot(vm, VM2, vm2_cmd(served[i:], False))
             rc, out = lab.ours(run + [t, "-R", "-F", "-n", "200"], 120)
-        cases.record("drop-in: stock %s -R server under softrdma-run against siw" % t,
-                     rc == 0 and "remote address:" in out, "rc=%d\n%s%s" % (rc, note, out), t0, clean=False)
+        ok = rc == 0 and "remote address:" in out
+        cases.record("drop-in: stock %s -R server under softrdma-run against siw" % t, ok,
+                     "rc=%d\n%s%s%s" % (rc, note, out, "" if ok else "\n" + lab.probe_guest(VM2[1])), t0,
+                     clean=False)
     lab.stop_vm(vm, wait_s=30)
     guest_logs["vm2"] += lab.guest_log("vm2")
     # What the siw clients measured (the guest's console logs): a results line of 200 iterations for each
