@@ -116,8 +116,11 @@ class Lab:
         """Whether a guest's network still answers: ARP and an ICMP echo from dpdk0 (free between our programs),
         for the detail of a failed case: a guest gone silent to these too has lost its network, not one
         connection."""
-        r = subprocess.run(["ip", "netns", "exec", self.ns, "python3", os.path.join(self.siwvm, "l2probe.py"),
-                            "dpdk0", ip], capture_output=True, text=True, timeout=30)
+        try:
+            r = subprocess.run(["ip", "netns", "exec", self.ns, "python3", os.path.join(self.siwvm, "l2probe.py"),
+                                "dpdk0", ip], capture_output=True, text=True, timeout=30)
+        except subprocess.TimeoutExpired:
+            return "probe of the guest after the failure: l2probe did not end in 30 s"
         return "probe of the guest after the failure: " + " | ".join((r.stdout + r.stderr).split("\n")).strip(" |")
 
     def stop_vm(self, p, wait_s=0):
