@@ -12,6 +12,7 @@
 #include <sys/prctl.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include <softrdma/log.hpp>
@@ -46,7 +47,7 @@ test::PeerConfig remote_config(const Options& o) {
     return c;
 }
 
-int run_local(const Options& o, double tpu) {
+int run_local(Options o, double tpu) {
     auto [server, client] = test::memif_pair(o.mtu);
     server.tcp_port = client.tcp_port = o.tcp_port;
     if (o.no_huge) server.eal.hugepages = client.eal.hugepages = Hugepages::off;
@@ -59,6 +60,15 @@ int run_local(const Options& o, double tpu) {
         server.eal.lcores = o.cpu.substr(0, comma);
         client.eal.lcores = o.cpu.substr(comma + 1);
     }
+    // The host's cross-core cost, for the banner (see core_round_trip_ns); the cores the two ends run on.
+    const std::string cores = o.cpu.empty() ? "0,1" : o.cpu;
+    const auto comma = cores.find(',');
+    char* end_a = nullptr;
+    char* end_b = nullptr;
+    const unsigned long a = std::strtoul(cores.c_str(), &end_a, 10);
+    const unsigned long b = std::strtoul(cores.c_str() + comma + 1, &end_b, 10);
+    if (end_a == cores.c_str() + comma && *end_b == '\0' && a != b)
+        o.core_rtt_ns = core_round_trip_ns(static_cast<unsigned>(a), static_cast<unsigned>(b));
     // A child ends with its parent (killed by a caller's timeout): no orphan keeps polling a core.
     auto orphan_guard = [] { ::prctl(PR_SET_PDEATHSIG, SIGTERM); };
     const auto out = procs::run({{"server", [&, s = server] { orphan_guard(); return run_server(s, o, tpu); }},

@@ -259,7 +259,8 @@ def parse_rdma_perf(path):
         by_size[r["bytes"]] = r
     if not by_size:
         raise MeasureError(f"{path}: no results")
-    return d.get("test"), d["kind"], by_size
+    rtt = d.get("core_rtt_ns")
+    return d.get("test"), d["kind"], by_size, rtt if isinstance(rtt, (int, float)) else None
 
 
 def find_rdma_perf(a):
@@ -302,8 +303,8 @@ def measure_softrdma(a, out):
                                 "--timeout", "10", "--deadline", str(deadline)] +
                 ([] if a.large_segments else ["--mtu-segments"]),
                 deadline + 15, os.path.join(out, "raw", f"softrdma-{name}.log"))
-            test, kind, by_size = parse_rdma_perf(path)
-            res[name] = {"test": test, "kind": kind, "results": by_size}
+            test, kind, by_size, rtt = parse_rdma_perf(path)
+            res[name] = {"test": test, "kind": kind, "results": by_size, "core_rtt_ns": rtt}
         except MeasureError as e:
             errors.append(f"{name}: {e}")
             hung = time.monotonic() - t0 > min(20, deadline - 5)
@@ -496,6 +497,12 @@ def render(rows, status, meta):
                  ("" if meta.get("large_segments", True) else ", softrdma with --mtu-segments (stock perftest without)"))
     if meta["load_start"] > 1.0 or meta["load_end"] > 1.0:
         notes.append("- other work was running on this 2-core machine during the run: figures are noisy")
+    if meta.get("core_rtt_ns"):
+        lo, hi = min(meta["core_rtt_ns"]), max(meta["core_rtt_ns"])
+        notes.append(f"- cache line round trip between the two cores (rdma_perf's calibration before each of its "
+                     f"runs): {lo:.0f}" + (f"-{hi:.0f}" if round(hi) != round(lo) else "") + " ns; every payload "
+                     "byte crosses between the cores in both stacks, so runs are comparable only at similar figures "
+                     "(this VM: ~0.65 us in the spells when everything ran 3-5x lower)")
     notes.append("- medians from this run; latency lower is better, bandwidth and message rate higher is better; "
                  "the floor is io/ alone (no stack); kernel TCP is TCP_NODELAY sockets between two namespaces on a "
                  "veth pair, blocking in recv() except in the busy-polling row (recv(MSG_DONTWAIT) at both ends); "
@@ -648,6 +655,9 @@ def main(argv=None):
         print(f"compare: interrupted ({e or 'Ctrl-C'}); namespaces and processes removed", file=sys.stderr)
         return 130
     meta["load_end"] = os.getloadavg()[0]
+    if results["softrdma"]:
+        meta["core_rtt_ns"] = [r["core_rtt_ns"] for r in results["softrdma"]["runs"].values()
+                               if r.get("core_rtt_ns") is not None]
 
     rows = build_rows(results["floor"], results["kernel"], results["softrdma"], a.mtu, results["perftest"])
     text, md, notes = render(rows, status, meta)

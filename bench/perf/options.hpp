@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -92,6 +93,10 @@ struct Options {
     std::string iface;          // af_packet
     std::string device;         // device: PCI address or vdev string
     std::string memif_socket{"/run/softrdma-perf.sock"};
+    // Not a flag: the cache line round trip between the two cores (core_round_trip_ns), measured by --local
+    // before it forks; printed in the banner and the JSON. Unknown in server/client mode (the peer's core is
+    // on another machine).
+    std::optional<double> core_rtt_ns;
 };
 
 // Parses argv; on a bad or unsupported flag prints the reason (and usage) to stderr and returns false

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <stdexcept>
+#include <string>
 
 namespace softrdma::perf {
 
@@ -22,6 +23,11 @@ void print_banner(std::FILE* f, const WireParams& p, const Options& o) {
                          ::sysconf(_SC_NPROCESSORS_ONLN));
         std::fclose(la);
     }
+    // And what crossing between the two cores costs on this host right now (varies 3-5x on a shared VM).
+    if (o.mode == Mode::local)
+        std::fprintf(f, "# cache line round trip between the two cores (%s): %s\n", o.cpu.empty() ? "0,1" : o.cpu.c_str(),
+                     o.core_rtt_ns ? (std::to_string(static_cast<long>(*o.core_rtt_ns + 0.5)) + " ns").c_str()
+                                   : "not measured (a core could not be pinned or is busy)");
     if (p.kind == Kind::lat)
         std::fprintf(f, "# latency: %s; every message's content is checked at the first and last timed message\n",
                      half ? "half round trip (ping-pong / 2)" : "full round trip");
@@ -48,13 +54,14 @@ void print_row(std::FILE* f, const BwStats& s) {
     std::fflush(f);
 }
 
-void write_json(const std::string& path, const WireParams& p, const std::string& threading, unsigned mtu,
-                const std::vector<LatStats>& lat, const std::vector<BwStats>& bw) {
+void write_json(const std::string& path, const WireParams& p, const Options& o, const std::vector<LatStats>& lat,
+                const std::vector<BwStats>& bw) {
     std::FILE* f = std::fopen(path.c_str(), "w");
     if (f == nullptr) throw std::runtime_error("cannot write " + path);
     std::fprintf(f, "{\"tool\":\"rdma_perf\",\"test\":\"%s\",\"kind\":\"%s\",\"threading\":\"%s\",\"mtu\":%u,"
-                    "\"results\":[",
-                 to_string(p.test), to_string(p.kind), threading.c_str(), mtu);
+                    "\"core_rtt_ns\":%s,\"results\":[",
+                 to_string(p.test), to_string(p.kind), o.threading.c_str(), static_cast<unsigned>(o.mtu),
+                 o.core_rtt_ns ? std::to_string(*o.core_rtt_ns).c_str() : "null");
     const char* sep = "";
     for (const LatStats& s : lat) {
         std::fprintf(f, "%s{\"bytes\":%u,\"iterations\":%u,\"t_min_us\":%.3f,\"t_max_us\":%.3f,"

@@ -21,8 +21,9 @@ void print_header(std::FILE* f, Kind k);
 void print_row(std::FILE* f, const LatStats& s);
 void print_row(std::FILE* f, const BwStats& s);
 
-// {"tool":"rdma_perf","test":..,"kind":..,"threading":..,"mtu":..,"results":[..]}; throws on I/O failure.
-void write_json(const std::string& path, const WireParams& p, const std::string& threading, unsigned mtu,
-                const std::vector<LatStats>& lat, const std::vector<BwStats>& bw);
+// {"tool":"rdma_perf","test":..,"kind":..,"threading":..,"mtu":..,"core_rtt_ns":..|null,"results":[..]};
+// throws on I/O failure.
+void write_json(const std::string& path, const WireParams& p, const Options& o, const std::vector<LatStats>& lat,
+                const std::vector<BwStats>& bw);
 
 }  // namespace softrdma::perf

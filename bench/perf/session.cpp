@@ -187,7 +187,7 @@ public:
             if (k < nph) run_client_phase(k);
         }
         if (!o_.json.empty()) {
-            if (status == 0 && peer_status == 0) write_json(o_.json, p_, o_.threading, o_.mtu, lat_, bw_);
+            if (status == 0 && peer_status == 0) write_json(o_.json, p_, o_, lat_, bw_);
             else std::fprintf(stderr, "rdma_perf client: no JSON written (content check failed)\n");
         }
         return end(status != 0 || peer_status != 0 ? 5 : 0);

@@ -1,7 +1,12 @@
 // SPDX-License-Identifier: MIT
 #include "bench/perf/stats.hpp"
 
+#include <pthread.h>
+#include <sched.h>
+
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <thread>
@@ -17,6 +22,66 @@ double calibrate_tsc() {
     const std::uint64_t c1 = tsc();
     const double us = std::chrono::duration<double, std::micro>(t1 - t0).count();
     return static_cast<double>(c1 - c0) / us;
+}
+
+std::optional<double> core_round_trip_ns(unsigned a, unsigned b) {
+    using clk = std::chrono::steady_clock;
+    constexpr std::uint64_t kTrips = 20000;
+    constexpr std::size_t kBatches = 5;
+    struct alignas(64) Line {
+        std::atomic<std::uint64_t> v{0};
+    };
+    Line ping, pong;  // each on its own line: the round trip moves two lines, as a request and its answer would
+    std::atomic<bool> stop{false};
+    std::atomic<int> pinned{0};
+    auto pin = [](unsigned cpu) {
+        if (cpu >= CPU_SETSIZE) return false;
+        cpu_set_t set;
+        CPU_ZERO(&set);
+        CPU_SET(cpu, &set);
+        return ::pthread_setaffinity_np(::pthread_self(), sizeof set, &set) == 0;
+    };
+    std::array<double, kBatches> ns{};
+    bool ok = false;
+    std::thread echo([&] {
+        if (!pin(b)) {
+            stop.store(true);
+            return;
+        }
+        pinned.fetch_add(1);
+        for (std::uint64_t i = 1; i <= kTrips * kBatches; ++i) {
+            while (ping.v.load(std::memory_order_acquire) != i)
+                if (stop.load(std::memory_order_relaxed)) return;
+            pong.v.store(i, std::memory_order_release);
+        }
+    });
+    std::thread lead([&] {
+        if (!pin(a)) {
+            stop.store(true);
+            return;
+        }
+        pinned.fetch_add(1);
+        const auto give_up = clk::now() + std::chrono::milliseconds(500);
+        while (pinned.load() < 2)
+            if (stop.load() || clk::now() >= give_up) return stop.store(true);
+        std::uint64_t i = 0;
+        for (std::size_t batch = 0; batch < kBatches; ++batch) {
+            const auto t0 = clk::now();
+            for (std::uint64_t k = 0; k < kTrips; ++k) {
+                ping.v.store(++i, std::memory_order_release);
+                // Spinning with a time check every 4096 polls: a descheduled partner must not hang us.
+                for (std::uint32_t spins = 1; pong.v.load(std::memory_order_acquire) != i; ++spins)
+                    if ((spins & 4095) == 0 && clk::now() >= give_up) return stop.store(true);
+            }
+            ns[batch] = std::chrono::duration<double, std::nano>(clk::now() - t0).count() / kTrips;
+        }
+        ok = true;
+    });
+    lead.join();
+    echo.join();
+    if (!ok) return std::nullopt;
+    std::sort(ns.begin(), ns.end());
+    return ns[kBatches / 2];
 }
 
 LatStats lat_stats(std::uint32_t bytes, std::span<std::uint64_t> ticks, double divisor, double ticks_per_us) {

@@ -5,6 +5,7 @@
 file the comparison script reads. Usage: check_rdma_perf.py PATH/TO/rdma_perf"""
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -15,7 +16,7 @@ BW_HEADER = "#bytes #iterations BW peak[MiB/sec] BW average[MiB/sec] MsgRate[Mpp
 LAT_KEYS = ["bytes", "iterations", "t_min_us", "t_max_us", "t_typical_us", "t_avg_us", "t_stdev_us", "p99_us",
             "p999_us"]
 BW_KEYS = ["bytes", "iterations", "bw_peak_mib_s", "bw_avg_mib_s", "msg_rate_mpps"]
-TOP_KEYS = ["tool", "test", "kind", "threading", "mtu", "results"]
+TOP_KEYS = ["tool", "test", "kind", "threading", "mtu", "core_rtt_ns", "results"]
 
 failures = []
 
@@ -47,6 +48,10 @@ def case(exe, tmp, test, kind, args, sizes, iters):
     print(f"== {name}: exit {rc}\n{out}{err}", end="")
     if not check(rc == 0, f"{name}: exit code {rc}"):
         return
+    # The calibration (--local, cores 0,1): measured whenever this process may run on both cores.
+    both = {0, 1} <= os.sched_getaffinity(0)
+    m = re.search(r"^# cache line round trip between the two cores \(0,1\): (\d+) ns$", out, re.M)
+    check(m is not None or not both, f"{name}: no cache line round trip in the banner")
     header = LAT_HEADER if kind == "lat" else BW_HEADER
     rows = rows_after(header, out)
     if not check(rows is not None, f"{name}: header line missing or different"):
@@ -80,6 +85,9 @@ def case(exe, tmp, test, kind, args, sizes, iters):
     check(list(d.keys()) == TOP_KEYS, f"{name}: JSON keys {list(d.keys())}")
     check(d.get("tool") == "rdma_perf" and d.get("test") == test and d.get("kind") == kind and
           d.get("threading") == "rtc" and d.get("mtu") == 1500, f"{name}: JSON header fields {d}")
+    rtt = d.get("core_rtt_ns")
+    check(rtt is None and not both or isinstance(rtt, float) and 1 < rtt < 1e6 and
+          (m is None or abs(rtt - int(m.group(1))) <= 0.5), f"{name}: JSON core_rtt_ns {rtt!r} (banner {m and m.group(1)})")
     res = d.get("results", [])
     check(len(res) == len(sizes), f"{name}: JSON has {len(res)} results")
     keys = LAT_KEYS if kind == "lat" else BW_KEYS

@@ -32,11 +32,13 @@ def check(cond, what):
 
 
 # ---- 1. rdma_perf JSON parsing and the table, on sample files -----------------------------------------
-test, kind, lat = compare.parse_rdma_perf(os.path.join(here, "sample_rdma_perf_lat.json"))
-check((test, kind, sorted(lat)) == ("send", "lat", [64, 4096]), "sample lat file: test, kind and sizes read")
+test, kind, lat, rtt = compare.parse_rdma_perf(os.path.join(here, "sample_rdma_perf_lat.json"))
+check((test, kind, sorted(lat), rtt) == ("send", "lat", [64, 4096], None),
+      "sample lat file: test, kind and sizes read; no core calibration in it (an older rdma_perf's file)")
 check(lat[64]["t_typical_us"] == 5.25 and lat[64]["p99_us"] == 9.5, "sample lat file: typical and p99 read")
-test, kind, bw = compare.parse_rdma_perf(os.path.join(here, "sample_rdma_perf_bw.json"))
-check((test, kind, sorted(bw)) == ("write", "bw", [4096, 65536]), "sample bw file: test, kind and sizes read")
+test, kind, bw, rtt = compare.parse_rdma_perf(os.path.join(here, "sample_rdma_perf_bw.json"))
+check((test, kind, sorted(bw), rtt) == ("write", "bw", [4096, 65536], 612.5),
+      "sample bw file: test, kind, sizes and the core calibration read")
 
 bad = os.path.join(build, "compare-test-bad.json")
 for text in ('{"tool":"other","kind":"lat","results":[]}', '{"tool":"rdma_perf","kind":"lat","results":[{"bytes":64}]}',
@@ -179,6 +181,12 @@ if st.get("softrdma") == "ok":
           by_size[64]["kernel_tcp_spin_us"] == rows["half_rtt_64_kspin"]["kernel_tcp"],
           f"the by-size table's 64 B row matches the main table: {by_size.get(64)}")
     check("| half round trip, median | kernel TCP busy-polling (us) |" in md, "compare.md has the by-size table")
+    rtts = doc["meta"].get("core_rtt_ns") or []
+    runs = [f for f in os.listdir(os.path.join(out, "raw")) if f.startswith("softrdma-") and f.endswith(".json")]
+    check(len(rtts) == len(runs) > 0 and all(1 < x < 1e6 for x in rtts),
+          f"every rdma_perf run's core calibration reached compare.json: {rtts}")
+    check(any(l.startswith("- cache line round trip between the two cores") for l in md.splitlines()),
+          "compare.md's notes give the core calibration")
 
 
 def our_namespaces(pid):
