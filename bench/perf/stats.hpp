@@ -16,11 +16,11 @@ inline std::uint64_t tsc() noexcept { return __rdtsc(); }
 // TSC ticks per microsecond, measured over ~50 ms against steady_clock. Call once, before forking.
 double calibrate_tsc();
 
-// Cache line round trip between cores `a` and `b` in ns (median of 5 batches of 20000): two threads pinned
+// Cache line round trip between cores `a` and `b` in ns (median of 5 batches of 10000): two threads pinned
 // there pass a counter back and forth. Every payload byte crosses between the two processes' cores (memif's
 // ring), so this bounds what the host lets memif and kernel TCP do; on the VM this was developed on it
 // measured ~0.65 us in the spells when every figure ran 3-5x lower, so a run says which kind of spell it
-// had. nullopt when a core cannot be pinned or the pair takes over ~0.5 s (the cores are busy). Call before
+// had. nullopt when a core cannot be pinned or the pair takes over 2 s (the cores are busy). Call before
 // forking (it starts and joins its own threads; the caller's affinity is untouched).
 std::optional<double> core_round_trip_ns(unsigned a, unsigned b);
 
