@@ -135,7 +135,7 @@ struct Options {
     std::uint32_t max_size = 256u << 10;
     unsigned stall_s = 10;
     bool corrupt_self_test = false;
-    bool large_segments = verbs::ContextConfig{}.large_segments;  // on by default (rtc only)
+    bool large_segments = verbs::ContextConfig{}.large_segments;  // on by default (both threading modes)
     std::uint16_t tcp_port = 7600;
 };
 
@@ -153,7 +153,7 @@ const char* usage =
     "  --depth D            operations in flight per QP (default 8, at most 16)\n"
     "  --stall S            FAIL after S seconds without a completion (default 10)\n"
     "  --self-test-corrupt  corrupt one SEND on purpose: the verdict must be FAIL\n"
-    "  --large-segments     TCP segments up to 64 KiB (memif, rtc; ContextConfig::large_segments; the default)\n"
+    "  --large-segments     TCP segments up to 64 KiB (memif; ContextConfig::large_segments; the default)\n"
     "  --mtu-segments       MTU-sized TCP segments instead\n";
 
 // ---- deterministic parameters ----------------------------------------------------------------------------

@@ -104,7 +104,7 @@ static_assert(TCP_MSS == kLargeSegmentMss && kLargeSegmentMss <= io::TxArena::kU
 static_assert(kLargeSegmentMtu + 14 <= 65472 && kLargeSegmentMtu + 14 <= io::Port::kLargeRxFrame);
 
 Stack::Stack(io::Port& port, const StackConfig& cfg)
-    : port_(port), large_segments_(cfg.large_segments && port.large_frames() && !cfg.rx_external), cfg_(cfg),
+    : port_(port), large_segments_(cfg.large_segments && port.large_frames()), cfg_(cfg),
       netif_(std::make_unique<netif>()), owner_(std::this_thread::get_id()),
       fills_(std::make_shared<FillBook>(port.tx_arena(), &counters_)) {  // before netif_add: link_output reads it
     if (g_stack != nullptr) throw std::logic_error("one softrdma::stack::Stack per process (lwIP is global)");
@@ -136,7 +136,7 @@ Stack::Stack(io::Port& port, const StackConfig& cfg)
     // Not with a capture: a deferred frame memif refuses is built again from the chunk, and the capture, which
     // records a refused burst once by its head mbuf, would record it twice.
     defer_fill_ok_ = port.tx_arena() != nullptr && port.is_memif() && !port.faults_on() && !port.capturing() &&
-                     !cfg.tcp_checksums && !cfg.rx_external;
+                     !cfg.tcp_checksums;
     foreign_shinfo_.free_cb = [](void*, void*) {};  // nothing to free: the bytes are the application's
     rte_mbuf_ext_refcnt_set(&foreign_shinfo_, 1);     // ours, so the count never reaches 0
     log::info("stack {} on {} (MTU {}{})", cfg.ip.address.str(), port.name(), port.mtu(),
@@ -616,8 +616,9 @@ void Stack::input(rte_mbuf* m) noexcept {
 
 namespace {
 // Stands in for TCP payload placed elsewhere (input_headers): never written, never read by us; lwIP only
-// counts it. Sized for the largest frame.
-alignas(64) const std::byte kZeroPayload[9216]{};
+// counts it. Sized for the largest segment's payload (large segments, kLargeSegmentMss).
+alignas(64) const std::byte kZeroPayload[65536]{};
+static_assert(kLargeSegmentMss <= sizeof kZeroPayload);
 
 // Wraps external bytes (input_external / input_headers) in an RxPbuf; nullptr when the wrapper pool is empty.
 // Ownership: the returned pbuf owns the bytes' release (rx_pbuf_free calls it).

@@ -47,10 +47,11 @@ struct StackConfig {
     bool tcp_checksums = true;
     // Cost accounting: cycles in the driver calls (rx/tx burst) and in poll()/flush_tx() as a whole.
     bool count_cycles = false;
-    // Large segments (a port with large_frames(), lwIP reading it itself: not with rx_external): TCP segments of up to
-    // kLargeSegmentMss bytes go over the link as one frame, as the kernel's veth carries GSO/GRO
-    // super-frames. The netif MTU is then kLargeSegmentMtu and the SYN advertises that MSS; a peer that
-    // advertises less (an RX-thread process, another memif application) gets segments of its size. Protocols
+    // Large segments (a port with large_frames(); with rx_external the RX thread takes them, see
+    // threading/rx_thread.hpp): TCP segments of up to kLargeSegmentMss bytes go over the link as one frame, as
+    // the kernel's veth carries GSO/GRO super-frames. The netif MTU is then kLargeSegmentMtu and the SYN
+    // advertises that MSS; a peer that advertises less (large segments off, another memif application) gets
+    // segments of its size. Protocols
     // above size their frames for the segment (verbs: FPDUs of up to 8960 bytes). Ignored on other backends.
     bool large_segments = false;
 };

@@ -49,16 +49,22 @@ RxThread::RxThread(io::Port& port, const ThreadingConfig& cfg, unsigned max_flow
       cfg_(cfg),
       slot_size_(slot_bytes(port)),
       nslots_(std::max(64u, cfg.rx_slots)),
+      large_size_(port.large_frames() ? (io::Port::kLargeRxFrame + 63u) & ~63u : 0),
+      nlarge_(port.large_frames() ? kLargeSlots : 0),
+      ooo_cap_(port.large_frames() ? kOooLarge : kOooTotal),
       max_flows_(std::clamp(max_flows, 1u, 65535u)),
       verify_tcp_(verify_tcp_checksums),
       mem_(new std::byte[std::size_t{nslots_} * slot_size_]),
-      ring_(nslots_ + max_flows_),
+      large_mem_(nlarge_ != 0 ? new std::byte[std::size_t{nlarge_} * large_size_] : nullptr),
+      ring_(nslots_ + nlarge_ + max_flows_),
       free_(nslots_),
+      large_free_(std::max(1u, nlarge_)),
       cmd_(4 * max_flows_),
       flows_(max_flows_),
       index_(index_capacity(max_flows_), 0),
       linear_(new std::byte[slot_size_]) {
     for (std::uint32_t s = 0; s < nslots_; ++s) free_.push(s);
+    for (std::uint32_t s = 0; s < nlarge_; ++s) large_free_.push(nslots_ + s);
     // The thread pins itself (an std::thread inherits its creator's affinity, which DPDK's EAL set to the
     // application's lcore); a failure ends it before it polls, so wait for the answer here.
     std::atomic<int> pinned{0};  // 0 pending, 1 ok, -1 failed
@@ -221,10 +227,12 @@ void RxThread::do_commands() noexcept {
     }
 }
 
-// A whole frame into a slot. Ownership: `m` stays the caller's; the slot goes to the frame ring.
+// A whole frame into a slot (a large slot if it is larger than a small one). Ownership: `m` stays the caller's;
+// the slot goes to the frame ring.
 void RxThread::forward_copy(const rte_mbuf* m, std::uint32_t tcp_payload) noexcept {
     std::uint32_t slot = 0;
-    if (m->pkt_len > slot_size_ || !free_.pop(slot)) {
+    const bool fits = m->pkt_len <= slot_size_ ? free_.pop(slot) : m->pkt_len <= large_size_ && large_free_.pop(slot);
+    if (!fits) {
         add(dropped_, 1);
         return;
     }
@@ -322,7 +330,7 @@ void RxThread::process(rte_mbuf* m) noexcept {
         if (stack::seq_after(v.seq, fl->rcv_nxt)) {
             add(ooo_, 1);
             forward_headers(f, v.hdr_len, 0, Kind::gap, id);  // lwIP sees no payload and answers a duplicate ACK
-            if (m->nb_segs == 1 && fl->nheld < kHeld && ooo_held_ < kOooTotal) {
+            if (m->nb_segs == 1 && fl->nheld < kHeld && ooo_held_ < ooo_cap_) {
                 fl->held[fl->nheld++] = m;  // ownership: the flow's, until placed (place_held) or remove()
                 ++ooo_held_;
                 return;

@@ -105,7 +105,10 @@ public:
         return n;
     }
     // Gives a slot back to the RX thread. Ownership: the RX thread's from here.
-    void release(std::uint32_t slot) noexcept { free_.push(slot); }  // never full: holds every slot
+    void release(std::uint32_t slot) noexcept {  // never full: each ring holds every slot of its kind
+        if (slot < nslots_) free_.push(slot);
+        else large_free_.push(slot);
+    }
 
     // Connection hand-over (see the header comment). `flow` is the caller's id, < max_flows, unique among live
     // flows. Each call queues a command; false if the command ring stayed full for a second (not expected:
@@ -156,6 +159,15 @@ private:
     // margin, io/port.cpp kStackHeldFrames); beyond it their payload is dropped as before.
     static constexpr unsigned kHeld = 64;
     static constexpr unsigned kOooTotal = 512;
+    // With large frames (memif, large segments) each held frame is a 64 KiB mbuf of the port's RX pool, which
+    // reserves 256 for frames held outside its ring (io/port.cpp, kLargeRxHeld): out-of-order ones take at
+    // most half, so the frame that fills the hole always finds an mbuf to arrive in.
+    static constexpr unsigned kOooLarge = 128;
+    // Whole large frames for connections not handed over (forward state: the peer's first large segments
+    // can arrive before the handover) go into large slots (a small slot holds an MTU-sized frame or a large
+    // one's headers). Sizing rule: one memif ring of large frames (2^5: io/port.cpp memif_log2_ring), 2 MiB;
+    // beyond it such a frame is dropped unacknowledged and TCP resends it.
+    static constexpr unsigned kLargeSlots = 32;
     struct Flow {
         enum class State : std::uint8_t { unused, forward, hold, place } state{State::unused};
         std::uint64_t key{0};
@@ -176,7 +188,10 @@ private:
     Flow* find(std::uint64_t key, std::uint16_t* id) noexcept;
     void index_insert(std::uint64_t key, std::uint16_t id) noexcept;
     void index_erase(std::uint64_t key) noexcept;
-    std::byte* slot_data(std::uint32_t slot) noexcept { return mem_.get() + std::size_t{slot} * slot_size_; }
+    std::byte* slot_data(std::uint32_t slot) noexcept {
+        return slot < nslots_ ? mem_.get() + std::size_t{slot} * slot_size_
+                              : large_mem_.get() + std::size_t{slot - nslots_} * large_size_;
+    }
     static void add(std::atomic<std::uint64_t>& c, std::uint64_t n) noexcept {
         c.store(c.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);  // one writer: no RMW
     }
@@ -185,13 +200,18 @@ private:
     ThreadingConfig cfg_;
     std::uint32_t slot_size_;
     unsigned nslots_;
+    std::uint32_t large_size_;  // large slots (numbered from nslots_ on): 0 and none without large frames
+    unsigned nlarge_;
+    unsigned ooo_cap_;          // kOooTotal, or kOooLarge with large frames
     unsigned max_flows_;
     bool verify_tcp_;
     std::unique_ptr<std::byte[]> mem_;
+    std::unique_ptr<std::byte[]> large_mem_;
     // Sizing rules: the frame ring holds every slot plus one marker per flow; the free ring every slot; the
     // command ring four commands per flow (watch, handover, go, remove). None can overflow.
     boost::lockfree::spsc_queue<Desc> ring_;            // RX thread -> application
     boost::lockfree::spsc_queue<std::uint32_t> free_;  // application -> RX thread: empty slots
+    boost::lockfree::spsc_queue<std::uint32_t> large_free_;  // the same for large slots
     boost::lockfree::spsc_queue<Cmd> cmd_;             // application -> RX thread
     // RX thread only.
     std::vector<Flow> flows_;                // by flow id

@@ -31,7 +31,7 @@ Engine::Engine(const ContextConfig& cfg) : cfg_(cfg), mem_(cfg.max_mr == 0 || cf
     if (rx_thread && cfg.layer_cycles) throw Error("ContextConfig: layer_cycles needs run-to-completion mode");
     if (rx_thread && cfg.max_qp > 65535) throw Error("ContextConfig: the RX thread follows at most 65535 connections (max_qp)");
     io::PortConfig pcfg = cfg.port;
-    pcfg.memif_large_frames = pcfg.memif_large_frames || (cfg.large_segments && !rx_thread);
+    pcfg.memif_large_frames = pcfg.memif_large_frames || cfg.large_segments;
     port_ = io::open_port(pcfg, cfg.eal);
     if (cfg.threading.app_core >= 0) threading::pin_this_thread(cfg.threading.app_core);
     stack::StackConfig scfg;
@@ -42,7 +42,7 @@ Engine::Engine(const ContextConfig& cfg) : cfg_(cfg), mem_(cfg.max_mr == 0 || cf
     scfg.tcp_checksums = cfg.tcp_checksums == ContextConfig::Checksums::on ||
                          (cfg.tcp_checksums == ContextConfig::Checksums::automatic &&
                           (cfg.port.backend != io::Backend::memif || port_->faults_on()));
-    scfg.large_segments = cfg.large_segments;  // (the Stack applies it on memif in run-to-completion only)
+    scfg.large_segments = cfg.large_segments;  // (the Stack applies it on memif only)
     stack_ = std::make_unique<stack::Stack>(*port_, scfg);
     if (rx_thread) {
         flows_.assign(cfg.max_qp, nullptr);

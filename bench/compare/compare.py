@@ -610,7 +610,7 @@ def main(argv=None):
     p.add_argument("--rdma-perf", help="rdma_perf executable (default BUILD/bench/rdma_perf)")
     p.add_argument("--mtu-segments", dest="large_segments", action="store_false",
                    help="rdma_perf --mtu-segments: MTU-sized TCP segments instead of large ones (up to 64 KiB on "
-                        "memif in run-to-completion, ContextConfig::large_segments, the default)")
+                        "memif, ContextConfig::large_segments, the default)")
     a = p.parse_args(argv)
     a.build = os.path.realpath(os.path.join(top, a.build) if not os.path.isabs(a.build) else a.build)
     if "kernel" not in a.skip and os.geteuid() != 0:

@@ -73,7 +73,7 @@ void usage(const char* argv0) {
         "  -I, --inline N      post messages up to N bytes inline (default 0)\n"
         "  -o, --outs N        READ/atomic: IRD/ORD, outstanding requests (default min(tx depth, 128))\n"
         "  --crc               require MPA CRC (default off)\n"
-        "  --large-segments    TCP segments up to 64 KiB on memif in run-to-completion mode, FPDUs up to 8960\n"
+        "  --large-segments    TCP segments up to 64 KiB on memif (both threading modes), FPDUs up to 8960\n"
         "                      bytes framed in place (ContextConfig::large_segments; the default)\n"
         "  --mtu-segments      MTU-sized TCP segments instead (large_segments off)\n"
         "  --layers            after each row, the client's cycles per message by layer (io, lwip, mpa+crc,\n"

@@ -75,7 +75,7 @@ struct Options {
     std::uint16_t mtu{1500};
     bool no_huge{false};
     bool crc{false};
-    // memif in run-to-completion: TCP segments up to 64 KiB (verbs::ContextConfig::large_segments, on by
+    // memif: TCP segments up to 64 KiB (verbs::ContextConfig::large_segments, on by
     // default; --mtu-segments turns it off)
     bool large_segments{verbs::ContextConfig{}.large_segments};
     bool layers{false};  // print where the client's cycles went, by layer (verbs::LayerCycles; rtc only)

@@ -10,7 +10,7 @@ namespace softrdma::perf {
 
 void print_banner(std::FILE* f, const WireParams& p, const Options& o) {
     const bool half = p.kind == Kind::lat && (p.test == Test::send || p.test == Test::write);
-    const bool large = o.large_segments && o.threading == "rtc";
+    const bool large = o.large_segments;
     std::fprintf(f, "# rdma_perf %s %s | mtu %u | threading %s | crc %s | TCP segments %s | %s\n", to_string(p.test),
                  to_string(p.kind), o.mtu, o.threading.c_str(), o.crc ? "required" : "off",
                  large ? "up to 64 KiB on memif (large segments)" : "MTU-sized",

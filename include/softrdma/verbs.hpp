@@ -631,12 +631,13 @@ struct ContextConfig {
     // corrupt a frame, and both ends use this policy; captures then show checksum 0); on everywhere else
     // (af_packet, devices: a kernel or RNIC peer checks them). IP header checksums are always on.
     enum class Checksums : std::uint8_t { automatic, on, off } tcp_checksums{Checksums::automatic};
-    // Large segments (memif, run-to-completion): TCP segments of up to 64 KiB cross the link as one chained
+    // Large segments (memif, either threading mode): TCP segments of up to 64 KiB cross the link as one chained
     // frame, as the kernel's veth carries GSO/GRO super-frames, with FPDUs still sized for the port's MTU (the
     // byte stream is the one a 1500-byte link would carry; only its cutting into segments differs). Offered in
-    // the TCP MSS option, so a peer that cannot take them (RX-thread mode, another memif application) is sent
-    // MTU-sized segments. No effect on af_packet or devices. On by default since 2026-11-26: 64 KiB WRITE at
-    // MTU 1500 2.49x kernel TCP with it, 1.03x without, at no measurable small-message cost (README, Results).
+    // the TCP MSS option, so a peer that cannot take them (large_segments off, another memif application) is
+    // sent MTU-sized segments. No effect on af_packet or devices. On by default since 2026-11-26 (run to
+    // completion; the RX-thread mode since 2026-11-27): 64 KiB WRITE at MTU 1500 2.49x kernel TCP with it,
+    // 1.03x without, at no measurable small-message cost (README, Results).
     bool large_segments{true};
     // The destructor keeps polling while connections finish closing (data still queued, FIN handshakes), so the
     // peer gets everything and an orderly end even if the application stops polling right after its

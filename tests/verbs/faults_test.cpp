@@ -49,8 +49,8 @@ std::string faults_line(const char* dir, const FaultCounters& f) {
 }
 
 // The run: `mib` of the mix at `mtu`; `zero_copy`: the client must have sent from TX chunks (io/tx_arena.hpp).
-// In run-to-completion mode the segments are large (ContextConfig::large_segments: 64 KiB frames dropped,
-// duplicated, reordered, delayed and corrupted whole); with the RX thread they are MTU-sized.
+// The segments are large (ContextConfig::large_segments: 64 KiB frames dropped, duplicated, reordered, delayed
+// and corrupted whole), in both threading modes.
 void run_faults(std::uint64_t mib, std::uint16_t mtu, bool zero_copy) {
     const int n = rounds(mib);
     auto server = [&](const PeerConfig& cfg) {
@@ -132,7 +132,7 @@ void run_faults(std::uint64_t mib, std::uint16_t mtu, bool zero_copy) {
         return p.end(0);  // the pools, TX chunks included, back to their start
     };
     g_checksums_on = true;  // the server too: a corrupted frame must be caught either way
-    g_large_segments = true;  // (taken in run-to-completion mode only)
+    g_large_segments = true;
     auto [s, c] = memif_pair(mtu);
     const auto out = run_roles({{"server", [&, s = s] { return server(s); }},
                                 {"client", [&, c = c] { return client(c); }, 200ms}},
@@ -147,13 +147,13 @@ void run_faults(std::uint64_t mib, std::uint16_t mtu, bool zero_copy) {
 
 TEST_CASE("1 % of every fault in both directions over 256 MiB of WRITE, READ and SEND: every byte arrives, "
           "every WR succeeds", "[verbs][memif][faults][tsan-slow]") {
-    run_faults(256, 1500, test_threading().mode == ThreadingMode::run_to_completion);
+    run_faults(256, 1500, true);
 }
 
 // Jumbo frames, zero-copy transmit in both modes (FPDUs framed in TX chunks; each frame a header mbuf and the
-// chunk's bytes; retransmissions read the same chunk bytes, corruption happens in a copy of the frame). Run to
-// completion: large segments; RX thread: 8960-byte segments.
+// chunk's bytes; retransmissions read the same chunk bytes, corruption happens in a copy of the frame); large
+// segments in both modes.
 TEST_CASE("MTU 9000: 1 % of every fault in both directions over 72 MiB of WRITE, READ and SEND",
           "[verbs][memif][faults][tsan-slow]") {
-    run_faults(72, 9000, test_threading().mode == ThreadingMode::run_to_completion);
+    run_faults(72, 9000, true);
 }
