@@ -207,8 +207,9 @@ private:
     bool verify_tcp_;
     std::unique_ptr<std::byte[]> mem_;
     std::unique_ptr<std::byte[]> large_mem_;
-    // Sizing rules: the frame ring holds every slot plus one marker per flow; the free ring every slot; the
-    // command ring four commands per flow (watch, handover, go, remove). None can overflow.
+    // Sizing rules: the frame ring holds every slot (small and large) plus one marker per flow; each free ring
+    // every slot of its kind; the command ring four commands per flow (watch, handover, go, remove). None can
+    // overflow.
     boost::lockfree::spsc_queue<Desc> ring_;            // RX thread -> application
     boost::lockfree::spsc_queue<std::uint32_t> free_;  // application -> RX thread: empty slots
     boost::lockfree::spsc_queue<std::uint32_t> large_free_;  // the same for large slots
