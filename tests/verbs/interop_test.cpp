@@ -288,34 +288,45 @@ TEST_CASE("first-FPDU guard: a quiet stream is nudged with zero-length WRITEs, a
     }
 }
 
+// The stream talks for longer than two nudge steps (100 ms and 1 s after the first FPDU), so each step finds it
+// talking. The first step is 100 ms: until the first reply arrives the stream is quiet, and a nudge then is the
+// guard doing its job (under TSan on a busy 2-core host that first round trip once took over 10 ms, the old
+// 1 ms guard's second step).
 TEST_CASE("first-FPDU guard: a ping-pong that keeps talking is never nudged", "[verbs][memif][interop]") {
-    constexpr int kRounds = 300;
+    constexpr int kMinRounds = 300;
+    constexpr auto kTalk = 1200ms;
+    constexpr std::size_t kMsg = 1024;  // the client's message; its first byte 1 = the last round
     auto server = [](const PeerConfig& cfg) {
         Peer p(cfg, 4096, verbs::access::local_write);
         for (int i = 0; i < 4; ++i) p.post_recv(i, 64 * i, 64);
         p.serve();
-        for (int i = 0; i < kRounds; ++i) {
+        for (int i = 0;; ++i) {
             Peer::expect(p.wait_wc(1)[0], WcStatus::success, WcOpcode::recv, static_cast<std::uint64_t>(i % 4));
+            const bool last = p.buf[64 * static_cast<std::size_t>(i % 4)] == std::byte{1};
             p.post_recv(i % 4, 64 * (i % 4), 64);
-            const verbs::Sge s = p.mr->sge(1024, 8);
+            const verbs::Sge s = p.mr->sge(kMsg, 8);
             p.post_send({.wr_id = 100, .opcode = verbs::WrOpcode::send, .sg_list = {&s, 1}});
+            if (last) break;
         }
         return p.end(0);
     };
-    auto client = [](const PeerConfig& cfg) {
+    auto client = [&](const PeerConfig& cfg) {
         Peer p(cfg, 4096, verbs::access::local_write);
         p.post_recv(0, 0, 64);
-        p.conn.first_fpdu = {.mode = verbs::FirstFpduGuard::Mode::nudge, .delay = 1ms, .nudges = 4};
+        p.conn.first_fpdu = {.mode = verbs::FirstFpduGuard::Mode::nudge, .delay = 100ms, .nudges = 2};
         p.connect();
         const auto t0 = std::chrono::steady_clock::now();
-        for (int i = 0; i < kRounds; ++i) {
-            const verbs::Sge s = p.mr->sge(1024, 8);
+        int rounds = 0;
+        for (bool last = false; !last; ++rounds) {
+            last = rounds + 1 >= kMinRounds && std::chrono::steady_clock::now() - t0 >= kTalk;
+            p.buf[kMsg] = last ? std::byte{1} : std::byte{0};
+            const verbs::Sge s = p.mr->sge(kMsg, 8);
             p.post_send({.wr_id = 1, .opcode = verbs::WrOpcode::send, .sg_list = {&s, 1}});
             Peer::expect(p.wait_wc(1)[0], WcStatus::success, WcOpcode::recv, 0);
             p.post_recv(0, 0, 64);
         }
         const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
-        report(std::to_string(kRounds) + " rounds in " + std::to_string(ms.count()) + " ms, nudges " +
+        report(std::to_string(rounds) + " rounds in " + std::to_string(ms.count()) + " ms, nudges " +
                std::to_string(p.id->nudges_sent()));
         if (p.id->nudges_sent() != 0) throw std::runtime_error("a talking stream was nudged");
         return p.end(0);
