@@ -60,14 +60,13 @@ int run_local(Options o, double tpu) {
         server.eal.lcores = o.cpu.substr(0, comma);
         client.eal.lcores = o.cpu.substr(comma + 1);
     }
-    // The host's cross-core cost, for the banner (see core_round_trip_ns); the cores the two ends run on.
-    const std::string cores = o.cpu.empty() ? "0,1" : o.cpu;
-    const auto comma = cores.find(',');
+    // The host's cross-core cost, for the banner (see core_round_trip_ns), between the cores the two ends run on
+    // (when each is one core number).
     char* end_a = nullptr;
     char* end_b = nullptr;
-    const unsigned long a = std::strtoul(cores.c_str(), &end_a, 10);
-    const unsigned long b = std::strtoul(cores.c_str() + comma + 1, &end_b, 10);
-    if (end_a == cores.c_str() + comma && *end_b == '\0' && a != b)
+    const unsigned long a = std::strtoul(server.eal.lcores.c_str(), &end_a, 10);
+    const unsigned long b = std::strtoul(client.eal.lcores.c_str(), &end_b, 10);
+    if (*end_a == '\0' && *end_b == '\0' && end_a != server.eal.lcores.c_str() && a != b)
         o.core_rtt_ns = core_round_trip_ns(static_cast<unsigned>(a), static_cast<unsigned>(b));
     // A child ends with its parent (killed by a caller's timeout): no orphan keeps polling a core.
     auto orphan_guard = [] { ::prctl(PR_SET_PDEATHSIG, SIGTERM); };

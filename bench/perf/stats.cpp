@@ -1,15 +1,16 @@
 // SPDX-License-Identifier: MIT
 #include "bench/perf/stats.hpp"
 
-#include <pthread.h>
-#include <sched.h>
-
 #include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <exception>
+#include <limits>
 #include <thread>
+
+#include "threading/config.hpp"
 
 namespace softrdma::perf {
 
@@ -35,11 +36,13 @@ std::optional<double> core_round_trip_ns(unsigned a, unsigned b) {
     std::atomic<bool> stop{false};
     std::atomic<int> pinned{0};
     auto pin = [](unsigned cpu) {
-        if (cpu >= CPU_SETSIZE) return false;
-        cpu_set_t set;
-        CPU_ZERO(&set);
-        CPU_SET(cpu, &set);
-        return ::pthread_setaffinity_np(::pthread_self(), sizeof set, &set) == 0;
+        if (cpu > static_cast<unsigned>(std::numeric_limits<int>::max())) return false;  // (-1 would mean all)
+        try {
+            threading::pin_this_thread(static_cast<int>(cpu));
+            return true;
+        } catch (const std::exception&) {
+            return false;
+        }
     };
     std::array<double, kBatches> ns{};
     bool ok = false;
