@@ -756,6 +756,13 @@ unsigned Stack::time_wait_pcbs() const noexcept {
     return n;
 }
 
+unsigned Stack::owed_output() const noexcept {
+    unsigned n = (tx_tail_ - tx_head_) + ack_count_;
+    for (const tcp_pcb* p = tcp_tw_pcbs; p != nullptr; p = p->next)
+        if ((p->flags & TF_ACK_NOW) != 0) ++n;
+    return n;
+}
+
 std::uint64_t Stack::queued_bytes() const noexcept {
     std::uint64_t n = 0;
     for (tcp_pcb* p = tcp_active_pcbs; p != nullptr; p = p->next) n += static_cast<std::uint32_t>(p->snd_lbb - p->lastack);

@@ -119,6 +119,12 @@ public:
     unsigned active_pcbs() const noexcept;
     // Number in TIME_WAIT (still answering a peer's retransmitted FIN).
     unsigned time_wait_pcbs() const noexcept;
+    // What this side still owes its peers without any connection needing it: frames queued for the driver (it
+    // refused them: the ring to the peer is full), ACKs lwIP could not even queue for connections in TIME_WAIT,
+    // and delayed ACKs not yet due. Whoever ends the stack (a closing Context, a test) polls until this is 0
+    // first: purging TIME_WAIT or tearing the port down drops them, and a peer whose FIN goes unanswered stays
+    // in CLOSING or LAST_ACK resending it to nobody.
+    unsigned owed_output() const noexcept;
     // Bytes the active connections have queued (written, not yet acknowledged by their peers), summed: what a
     // closing Context watches to tell a slow but progressing close from a stuck one.
     std::uint64_t queued_bytes() const noexcept;

@@ -90,6 +90,11 @@ void Engine::close() noexcept {
         stalled = progress ? 0 : stalled + 1;
         if (stalled == kStallWindows) break;  // no progress for that long: give up
     }
+    // The last ACKs (of the peers' FINs, for connections now in TIME_WAIT) may still wait for room in the ring
+    // to a slow peer: they go with the stack below, and that peer would stay in CLOSING or LAST_ACK. One more
+    // window for them (none if the peer is gone: the link is down).
+    if (cfg_.close_linger.count() > 0)
+        run_until([this] { return stack_->owed_output() == 0 || !port_->link_up(); }, cfg_.close_linger);
     // From here nothing may reach lwIP or the port after they go: every TCP object is released now.
     for (Listener* l : listeners_) l->close_for_context();
     for (std::size_t i = 0; i < conns_.size(); ++i) conns_[i]->drop_tcp();
