@@ -46,6 +46,10 @@ constexpr std::uint32_t kStackHeldFrames = 4096;
 // TCP_OOSEQ_TIMEOUT RTOs): slower, nothing lost.
 constexpr unsigned kLargeRxBurst = 32, kLargeRxHeld = 256, kLargeRxCache = 32;
 
+// Threads with a mempool cache of their own: the EAL's lcores and an RX thread (threading::RxThread registers
+// as an lcore), whether or not one runs.
+unsigned cached_threads() { return rte_lcore_count() + 1; }
+
 // memif ring geometry we ask for: 2^11 slots per direction; one buffer holds a whole frame (no descriptor
 // chains) up to 9000-byte MTUs. Large frames (PortConfig::memif_large_frames): 64 KiB - 64 buffers (near memif's
 // largest), 2^5 of them (2 MiB a direction, twice lwIP's 1 MiB receive window). The ring's buffers are used in
@@ -330,7 +334,7 @@ void Port::start(const PortConfig& cfg) {
     if (cfg.mtu < 576) throw Error("MTU " + std::to_string(cfg.mtu) + " below IPv4's minimum of 576");
 
     // Mempool sizing rule: RX descriptors (each holds an mbuf once filled) + TX descriptors (mbufs wait
-    // there until sent) + frames the stack holds (kStackHeldFrames) + one cache per lcore; rounded to
+    // there until sent) + frames the stack holds (kStackHeldFrames) + one cache per lcore and one for an RX thread; rounded to
     // 2^n - 1, the size DPDK's ring-based pool uses best.
     // Fault injection: PortConfig::faults, or SOFTRDMA_FAULTS (which wins).
     FaultConfig faults = cfg.faults;
@@ -351,7 +355,7 @@ void Port::start(const PortConfig& cfg) {
     if (n == 0) {
         // (+ what fault injection may hold back, both directions, when it is on)
         const std::uint32_t need = cfg.rx_descriptors + cfg.tx_descriptors + kStackHeldFrames +
-                                   kPoolCache * rte_lcore_count() +
+                                   kPoolCache * cached_threads() +
                                    (faults.any() ? 2 * static_cast<std::uint32_t>(FaultInjector::kHeld) : 0);
         n = 1;
         while (n < need + 1) n <<= 1;
@@ -384,7 +388,7 @@ void Port::start(const PortConfig& cfg) {
     rte_eth_dev_adjust_nb_rx_tx_desc(port_id_, &nrx, &ntx);
     const int socket = rte_eth_dev_socket_id(port_id_);
     if (large_frames_) {
-        const std::uint32_t need = kLargeRxBurst + kLargeRxHeld + kLargeRxCache * rte_lcore_count() +
+        const std::uint32_t need = kLargeRxBurst + kLargeRxHeld + kLargeRxCache * cached_threads() +
                                    (faults.any() ? static_cast<std::uint32_t>(FaultInjector::kHeld) : 0);
         std::uint32_t rx_n = 1;
         while (rx_n < need + 1) rx_n <<= 1;

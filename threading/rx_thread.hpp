@@ -219,6 +219,7 @@ private:
     std::vector<std::uint32_t> index_;       // open addressing on key: flow id + 1, 0 = empty
     std::unique_ptr<std::byte[]> linear_;    // one chained frame made contiguous
     std::atomic<bool> stop_{false};
+    std::atomic<std::int32_t> lcore_{-1};  // RxThreadCounters::lcore (set once, before the first poll)
     std::atomic<std::uint64_t> epoch_{0};    // loop turns
     std::atomic<std::atomic<bool>*> wake_flag_{nullptr};
     int wake_fd_{-1};

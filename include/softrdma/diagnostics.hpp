@@ -54,6 +54,10 @@ struct RxThreadCounters {
     std::uint64_t dropped = 0;             // oversize frames, bad checksums, held frames beyond the bound
     std::uint64_t out_of_order = 0;        // handed-over or watched segments after a gap (payload dropped)
     std::uint64_t stalled_turns = 0;       // turns without polling: no free slot
+    // The DPDK lcore the RX thread registered as (rte_thread_register: its own mempool caches), -1 if DPDK
+    // gave it none (all RTE_MAX_LCORE ids taken, or multi-process in use): it then frees and allocates mbufs
+    // through the pools' shared rings.
+    std::int32_t lcore = -1;
 };
 
 namespace verbs {

@@ -16,6 +16,9 @@
 #include <thread>
 #include <vector>
 
+#include <rte_lcore.h>
+#include <rte_mempool.h>
+
 #include "base/tsan.hpp"
 #include "io/port.hpp"
 #include "tests/support/processes.hpp"
@@ -157,6 +160,45 @@ TEST_CASE("the RX thread copies whole frames into slots and frees every mbuf at 
         const threading::RxCounters c = rx.counters();
         if (c.frames != kFrames || c.dropped != 0 || c.tcp_payload_copied != 0) return 13;
         report("100 frames, mbufs back at once");
+        return 0;
+    });
+    INFO(out.report);
+    CHECK(out.exit_code == 0);
+}
+
+TEST_CASE("the RX thread runs as an lcore of its own and gives its mempool caches and id back", "[threading][ring]") {
+    const auto out = in_child([] {
+        auto ports = ring_ports();
+        const unsigned start0 = ports[0]->mbufs_in_use(), start = ports[1]->mbufs_in_use();
+        std::int32_t first = -1;
+        for (int round = 0; round < 2; ++round) {
+            {
+                threading::RxThread rx(*ports[1], test_cfg(), 4);
+                const std::int32_t lcore = rx.counters().lcore;
+                // Registered (not LCORE_ID_ANY), and not the application's EAL lcore.
+                if (lcore < 0 || static_cast<unsigned>(lcore) == rte_lcore_id()) return 10;
+                if (round == 0) first = lcore;
+                if (round == 1 && lcore != first) return 11;  // the id came back when the first thread ended
+                for (unsigned i = 0; i < 64; ++i) {
+                    std::vector<std::uint8_t> f(200, static_cast<std::uint8_t>(i));
+                    f[12] = 0x88;
+                    if (!send_frame(*ports[0], *ports[1], f)) return 12;
+                }
+                unsigned got = 0;
+                const auto until = std::chrono::steady_clock::now() + 5s;
+                while (got < 64 && std::chrono::steady_clock::now() < until)
+                    got += rx.drain(32, [&](const threading::RxThread::Frame& f) { rx.release(f.slot); });
+                if (got != 64) return 13;
+            }
+            // The thread freed the 64 mbufs (net_ring passes on the sender's, from ports[0]'s pool) into its own
+            // cache; ending, it flushed its caches back to the pools.
+            for (const auto& p : ports) {
+                const rte_mempool_cache* c = rte_mempool_default_cache(p->pool(), static_cast<unsigned>(first));
+                if (c == nullptr || c->len != 0) return 14;
+            }
+            if (ports[0]->mbufs_in_use() != start0 || ports[1]->mbufs_in_use() != start) return 15;
+        }
+        report("lcore " + std::to_string(first) + ", cache flushed, id reused");
         return 0;
     });
     INFO(out.report);

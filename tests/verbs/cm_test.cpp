@@ -389,7 +389,8 @@ TEST_CASE("1024 QPs, every queue full: 8 SENDs of 1 KiB each way on each, the ni
             ctx->run_until([] { return false; }, 200ms);
             if (const auto r = verbs::diagnostics::rx_thread(*ctx))
                 report("rx thread frames=" + std::to_string(r->frames) + " dropped=" + std::to_string(r->dropped) +
-                       " out_of_order=" + std::to_string(r->out_of_order) + " stalled_turns=" + std::to_string(r->stalled_turns));
+                       " out_of_order=" + std::to_string(r->out_of_order) + " stalled_turns=" + std::to_string(r->stalled_turns) +
+                       " lcore=" + std::to_string(r->lcore));
             if (cq->overruns() != 0) throw std::runtime_error("CQ overruns");
             ids.clear();
             qps.clear();
