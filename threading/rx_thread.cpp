@@ -13,6 +13,7 @@
 #include <rte_lcore.h>
 #include <rte_mempool.h>
 
+#include "base/cycles.hpp"
 #include "base/idle.hpp"
 #include "base/tsan.hpp"
 #include "stack/frame.hpp"
@@ -126,7 +127,8 @@ void RxThread::stop() noexcept {
 RxCounters RxThread::counters() const noexcept {
     constexpr auto r = std::memory_order_relaxed;
     return RxCounters{frames_.load(r), bytes_copied_.load(r), tcp_copied_.load(r), tcp_placed_.load(r),
-                      dropped_.load(r), ooo_.load(r), stalled_.load(r), lcore_.load(r)};
+                      dropped_.load(r), ooo_.load(r), stalled_.load(r), lcore_.load(r),
+                      cyc_io_.load(r), cyc_place_.load(r), cyc_forward_.load(r)};
 }
 
 // ---- commands (application thread) ---------------------------------------------------------------------------
@@ -360,7 +362,9 @@ void RxThread::process(rte_mbuf* m) noexcept {
         } else {
             if (stack::seq_after(end, fl->rcv_nxt)) {  // new bytes from rcv_nxt on (a resent segment may overlap)
                 const std::uint32_t skip = fl->rcv_nxt - v.seq;
+                const std::uint64_t t0 = counting_ ? cycles_now() : 0;
                 fl->sink->rx_payload(std::span<const std::byte>(f + v.hdr_len + skip, v.payload_len - skip));
+                if (counting_) place_cycles_ += cycles_now() - t0;
                 add(tcp_placed_, v.payload_len - skip);
                 fl->rcv_nxt = end;
             }
@@ -388,7 +392,9 @@ void RxThread::place_held(Flow& fl, std::uint16_t id) noexcept {
         if (stack::seq_after(end, fl.rcv_nxt)) {
             if (free_.read_available() == 0) return;
             const std::uint32_t skip = fl.rcv_nxt - hv.seq;
+            const std::uint64_t t0 = counting_ ? cycles_now() : 0;
             fl.sink->rx_payload(std::span<const std::byte>(hf + hv.hdr_len + skip, hv.payload_len - skip));
+            if (counting_) place_cycles_ += cycles_now() - t0;
             add(tcp_placed_, hv.payload_len - skip);
             fl.rcv_nxt = end;
             forward_headers(hf, hv.hdr_len, hv.payload_len, Kind::headers, id);
@@ -422,14 +428,24 @@ void RxThread::run() noexcept {
         if (room == 0) {
             add(stalled_, 1);
         } else {
+            counting_ = count_cycles_.load(std::memory_order_relaxed);
+            const std::uint64_t t0 = counting_ ? cycles_now() : 0;
             got = port_.rx_burst(std::span<rte_mbuf*>(burst, room));
+            const std::uint64_t t1 = counting_ ? cycles_now() : 0;
             // Commands queued before these frames arrived (a handover pushed before our MPA reply went out)
             // must apply to them.
             if (got != 0) do_commands();  // (rx_burst acquired what the sender wrote: base/tsan.hpp)
+            place_cycles_ = 0;
             for (unsigned i = 0; i < got; ++i) process(burst[i]);
             if (got != 0) {
                 wire_release(port_.pool());  // mbufs freed here go to the application's allocs
                 wake();
+                if (counting_) {  // only turns that received: an idle poll is waiting, no layer's cost
+                    const std::uint64_t t2 = cycles_now();
+                    add(cyc_io_, t1 - t0);
+                    add(cyc_place_, place_cycles_);
+                    add(cyc_forward_, t2 - t1 - std::min(place_cycles_, t2 - t1));
+                }
             }
         }
         idle.after(got != 0);

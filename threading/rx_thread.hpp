@@ -133,6 +133,9 @@ public:
 
     RxCounters counters() const noexcept;
     unsigned max_flows() const noexcept { return max_flows_; }
+    // Layer accounting (ContextConfig::layer_cycles): from the next loop turn on, turns that received frames
+    // add their cycles to RxCounters::cycles_io / cycles_place / cycles_forward. Any thread.
+    void count_cycles(bool on) noexcept { count_cycles_.store(on, std::memory_order_relaxed); }
 
 private:
     struct Desc {
@@ -220,6 +223,9 @@ private:
     std::unique_ptr<std::byte[]> linear_;    // one chained frame made contiguous
     std::atomic<bool> stop_{false};
     std::atomic<std::int32_t> lcore_{-1};  // RxThreadCounters::lcore (set once, before the first poll)
+    std::atomic<bool> count_cycles_{false};
+    bool counting_ = false;                 // count_cycles_ as this turn read it (RX thread only)
+    std::uint64_t place_cycles_ = 0;        // this turn's, in the QPs' receive halves (RX thread only)
     std::atomic<std::uint64_t> epoch_{0};    // loop turns
     std::atomic<std::atomic<bool>*> wake_flag_{nullptr};
     int wake_fd_{-1};
@@ -227,7 +233,7 @@ private:
     // Written by the RX thread only (relaxed); read by anyone.
     unsigned ooo_held_{0};  // frames kept after a hole, all flows (RX thread only)
     std::atomic<std::uint64_t> frames_{0}, bytes_copied_{0}, tcp_copied_{0}, tcp_placed_{0}, dropped_{0}, ooo_{0},
-        stalled_{0};
+        stalled_{0}, cyc_io_{0}, cyc_place_{0}, cyc_forward_{0};
     std::thread thread_;
 };
 

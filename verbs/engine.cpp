@@ -28,7 +28,6 @@ Engine::Engine(const ContextConfig& cfg) : cfg_(cfg), mem_(cfg.max_mr == 0 || cf
     const bool rx_thread = cfg.threading.mode == threading::Mode::rx_thread;
     if (rx_thread && !cfg.port.capture_path.empty())
         throw Error("ContextConfig: a capture file needs run-to-completion mode (RX and TX would share the writer)");
-    if (rx_thread && cfg.layer_cycles) throw Error("ContextConfig: layer_cycles needs run-to-completion mode");
     if (rx_thread && cfg.max_qp > 65535) throw Error("ContextConfig: the RX thread follows at most 65535 connections (max_qp)");
     io::PortConfig pcfg = cfg.port;
     pcfg.memif_large_frames = pcfg.memif_large_frames || cfg.large_segments;
@@ -50,6 +49,7 @@ Engine::Engine(const ContextConfig& cfg) : cfg_(cfg), mem_(cfg.max_mr == 0 || cf
         for (std::uint32_t i = cfg.max_qp; i-- > 0;) flow_free_.push_back(static_cast<std::uint16_t>(i));
         doorbell_ = std::make_unique<boost::lockfree::spsc_queue<std::uint16_t>>(cfg.max_qp);
         rx_ = std::make_unique<threading::RxThread>(*port_, cfg.threading, cfg.max_qp, scfg.tcp_checksums);
+        rx_->count_cycles(cfg.layer_cycles);
     }
     // Sizing: a QP is listed at most once, but during a TX pass the QPs already taken off may list themselves
     // again behind the ones being served: 2 x max_qp, so push_back never allocates.
@@ -209,6 +209,7 @@ unsigned Engine::poll_turn() noexcept {
         // Frames the RX thread copied: each slot goes to lwIP without a copy and comes back to the RX thread
         // through release_rx_slot when lwIP frees it. Sizing: 256 per turn bounds the turn's length.
         using Kind = threading::RxThread::Kind;
+        const std::uint64_t t0 = cfg_.layer_cycles ? cycles_now() : 0;
         frames = rx_->drain(256, [this](const threading::RxThread::Frame& f) {
             switch (f.kind) {
             case Kind::frame: stack_->input_external(f.data, f.len, &release_rx_slot, rx_.get(), f.slot); break;
@@ -227,6 +228,8 @@ unsigned Engine::poll_turn() noexcept {
                 break;
             }
         });
+        // Handing frames to lwIP (and on to the receive callbacks, which count themselves): the stack's.
+        if (cfg_.layer_cycles) prof_.rx_drain += cycles_now() - t0;
         // QPs whose receive half produced events (completions, inbound requests, TERMINATEs).
         std::uint16_t id = 0;
         while (doorbell_->pop(id))
@@ -433,13 +436,21 @@ LayerCycles Engine::layer_cycles() const noexcept {
     LayerCycles l;
     l.cycles_per_ns = static_cast<double>(rte_get_tsc_hz()) / 1e9;
     l.io = st.io;
-    // Receive callbacks (the protocol's RX) run inside the stack's poll: what is left of it is lwIP's.
-    const std::uint64_t stack_rest = st.total - std::min(st.total, st.io + prof_.proto_rx);
+    // Receive callbacks (the protocol's RX) run inside the stack's poll, or inside the drain of what the RX
+    // thread handed over: what is left of both is lwIP's.
+    const std::uint64_t stack_total = st.total + prof_.rx_drain;
+    const std::uint64_t stack_rest = stack_total - std::min(stack_total, st.io + prof_.proto_rx);
     l.lwip = stack_rest + prof_.lwip_tx;
     l.mpa = (prof_.proto_rx - std::min(prof_.proto_rx, prof_.ep_rx)) + prof_.framer;
     l.ddp_rdmap = prof_.ep_rx + (prof_.proto_tx - std::min(prof_.proto_tx, prof_.framer));
-    const std::uint64_t inner = st.total + prof_.proto_tx + prof_.lwip_tx;
+    const std::uint64_t inner = stack_total + prof_.proto_tx + prof_.lwip_tx;
     l.verbs = (prof_.poll - std::min(prof_.poll, inner)) + prof_.api;
+    if (rx_) {
+        const threading::RxCounters c = rx_->counters();
+        l.rx_io = c.cycles_io;
+        l.rx_place = c.cycles_place;
+        l.rx_forward = c.cycles_forward;
+    }
     return l;
 }
 
@@ -456,6 +467,9 @@ LayerCycles LayerCycles::since(const LayerCycles& e) const noexcept {
     d.mpa -= e.mpa;
     d.ddp_rdmap -= e.ddp_rdmap;
     d.verbs -= e.verbs;
+    d.rx_io -= e.rx_io;
+    d.rx_place -= e.rx_place;
+    d.rx_forward -= e.rx_forward;
     return d;
 }
 
@@ -469,6 +483,17 @@ std::string LayerCycles::table(std::uint64_t messages) const {
         char line[96];
         std::snprintf(line, sizeof line, "%-10s %12.0f %9.1f %6.1f%%\n", name, static_cast<double>(c) / n,
                       static_cast<double>(c) / n / cycles_per_ns, 100.0 * static_cast<double>(c) / all);
+        out += line;
+    }
+    if (rx_total() == 0) return out;
+    const double rx_all = static_cast<double>(rx_total());
+    out += "RX thread (apart from the total above)\n";
+    const std::pair<const char*, std::uint64_t> rx_rows[] = {
+        {"rx io", rx_io}, {"rx place", rx_place}, {"rx forward", rx_forward}, {"rx total", rx_total()}};
+    for (const auto& [name, c] : rx_rows) {
+        char line[96];
+        std::snprintf(line, sizeof line, "%-10s %12.0f %9.1f %6.1f%%\n", name, static_cast<double>(c) / n,
+                      static_cast<double>(c) / n / cycles_per_ns, 100.0 * static_cast<double>(c) / rx_all);
         out += line;
     }
     return out;

@@ -93,6 +93,7 @@ public:
     // Layer accounting (ContextConfig::layer_cycles; application thread); the pointers are null when off.
     struct Prof {
         std::uint64_t ep_rx = 0, framer = 0, proto_rx = 0, proto_tx = 0, lwip_tx = 0, poll = 0, api = 0;
+        std::uint64_t rx_drain = 0;  // handing the RX thread's frames to lwIP (RX-thread mode)
     };
     Prof* prof() noexcept { return cfg_.layer_cycles ? &prof_ : nullptr; }
 

@@ -489,7 +489,9 @@ void Qp::start_stream(stack::TcpConnection& tcp, const mpa::Agreed& agreed, cons
                        .opaque_access_errors = engine_.config().security.opaque_access_errors};
     answered_.store(0, std::memory_order_relaxed);
     // The receive half runs on this thread until a handover to the RX thread (on_marker): it reports to the QP.
-    rx_->start(agreed, ecfg, *this, engine_.placed_bytes(), prof != nullptr ? &prof->ep_rx : nullptr);
+    // It counts its cycles into the application thread's profile only when it stays on this thread (run to
+    // completion); the RX thread counts its turns in the receive halves itself (LayerCycles::rx_place).
+    rx_->start(agreed, ecfg, *this, engine_.placed_bytes(), prof != nullptr && !ring_ ? &prof->ep_rx : nullptr);
     tx_.start(*this, agreed, emss, segment, ecfg, inline_buf_, engine_.framed_bytes(), prof != nullptr ? &prof->framer : nullptr,
               prof != nullptr ? &prof->proto_tx : nullptr, prof != nullptr ? &prof->lwip_tx : nullptr);
     tx_.set_gate((!p.initiator && agreed.responder_waits_for_first_fpdu) || (p.initiator && p.hold_first));

@@ -115,7 +115,7 @@ public:
         cc.max_mr = 16;
         cc.max_qp = 4;
         cc.threading.mode = o.threading == "rx-thread" ? ThreadingMode::rx_thread : ThreadingMode::run_to_completion;
-        cc.layer_cycles = o.layers && cc.threading.mode == ThreadingMode::run_to_completion;
+        cc.layer_cycles = o.layers;
         cc.large_segments = o.large_segments;
         ctx_ = verbs::Context::open(cc);
         baseline_ = ctx_->impl().stack().pool_usage();

@@ -58,6 +58,10 @@ struct RxThreadCounters {
     // gave it none (all RTE_MAX_LCORE ids taken, or multi-process in use): it then frees and allocates mbufs
     // through the pools' shared rings.
     std::int32_t lcore = -1;
+    // Cycles of the loop turns that received frames (ContextConfig::layer_cycles; 0 when off): in the driver
+    // (rx_burst: memif's copy out of its ring), in the QPs' receive halves (MPA deframing, DDP/RDMAP, the
+    // placement copy), and the rest (classifying frames, checksums, copies into slots, freeing mbufs).
+    std::uint64_t cycles_io = 0, cycles_place = 0, cycles_forward = 0;
 };
 
 namespace verbs {
@@ -70,10 +74,17 @@ class Context;
 //   mpa:       deframing, markers, framing and the gather copy on TX; the CRC on TX
 //   ddp_rdmap: DDP/RDMAP receive (header checks, placement copy; with CRC on, the CRC fused into it) and TX
 //   verbs:     post_send / post_recv, completions, CM and the rest of Context::poll()
+// Those are the application thread's. In RX-thread mode the RX thread's turns that received frames are counted
+// apart (`rx_*`, not in total(): the two threads run at once): rx_io its driver calls (memif's copy out of the
+// ring), rx_place the QPs' receive halves it runs (MPA deframing, DDP/RDMAP, the placement copy), rx_forward
+// the rest (classifying, checksums, copies into slots, mbuf frees). The application thread's io then has only
+// the TX side, and its lwip the frames the RX thread handed over.
 struct LayerCycles {
     std::uint64_t io = 0, lwip = 0, mpa = 0, ddp_rdmap = 0, verbs = 0;
+    std::uint64_t rx_io = 0, rx_place = 0, rx_forward = 0;
     double cycles_per_ns = 1.0;
     std::uint64_t total() const noexcept { return io + lwip + mpa + ddp_rdmap + verbs; }
+    std::uint64_t rx_total() const noexcept { return rx_io + rx_place + rx_forward; }
     // The difference (this - earlier): what one measured interval cost.
     LayerCycles since(const LayerCycles& earlier) const noexcept;
     // One line per layer: cycles and ns per message, share of the total.
@@ -113,7 +124,7 @@ StackCounters stack(const Context& ctx) noexcept;
 std::optional<RxThreadCounters> rx_thread(const Context& ctx) noexcept;
 RxCopyStats rx_copies(const Context& ctx) noexcept;
 TxCopyStats tx_copies(const Context& ctx) noexcept;
-// All zero unless ContextConfig::layer_cycles (run-to-completion mode only).
+// All zero unless ContextConfig::layer_cycles.
 LayerCycles layer_cycles(const Context& ctx) noexcept;
 // TCP connections not yet fully closed (a closing handshake still under way counts).
 unsigned tcp_connections(const Context& ctx) noexcept;

@@ -101,6 +101,25 @@ def case(exe, tmp, test, kind, args, sizes, iters):
                   f"{name}: JSON msg_rate_mpps != bw_avg_mib_s / size: {r}")
 
 
+def layers(exe):
+    """--layers in RX-thread mode: the client's table by layer, then its RX thread's rows (driver, forwarding:
+    a WRITE stream's client receives only ACKs, so nothing to place), each with cycles per message."""
+    args = ["--test", "write", "--bw", "-s", "65536", "-n", "500", "--threading", "rx-thread", "--layers",
+            "--timeout", "5", "--deadline", "20"]
+    rc, out, err = run(exe, args)
+    check(rc == 0, f"--layers rx-thread: exit {rc}: {err.strip()[-300:]}")
+    check("# client cycles per message by layer:" in out, "--layers rx-thread: no layer table")
+    rows = {}
+    for line in out.splitlines():
+        m = re.match(r"#\s+(io|lwip|mpa\+crc|ddp/rdmap|verbs|total|rx io|rx place|rx forward|rx total)\s+(\d+)\s", line)
+        if m:
+            rows[m.group(1)] = int(m.group(2))
+    for k in ("io", "lwip", "total", "rx io", "rx forward", "rx total"):
+        check(rows.get(k, 0) > 0, f"--layers rx-thread: row '{k}' missing or zero: {rows}")
+    check(rows.get("rx total", 0) >= rows.get("rx io", 0) + rows.get("rx forward", 0) - 2,
+          f"--layers rx-thread: rx rows do not add up: {rows}")
+
+
 def main():
     exe = sys.argv[1]
     with tempfile.TemporaryDirectory() as tmp:
@@ -110,6 +129,7 @@ def main():
         case(exe, tmp, "atomic", "bw", ["-n", "2000", "-t", "32"], [8], 2000)
         case(exe, tmp, "send", "bw", ["-s", "64", "-n", "20000", "-t", "64", "-c", "16"], [64], 20000)
         case(exe, tmp, "write", "bw", ["-s", "65536", "-n", "500"], [65536], 500)
+        layers(exe)
         # The flags a script relies on being refused, not ignored.
         rc, out, err = run(exe, ["--test", "atomic", "-s", "64"])
         check(rc == 2 and "atomic" in err, f"atomic with -s 64: exit {rc}, {err.strip()}")

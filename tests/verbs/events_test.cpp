@@ -31,8 +31,10 @@ using namespace softrdma::test;
 using namespace softrdma::test::verbs_fixture;  // with std::chrono_literals, WcOpcode, WcStatus
 
 
-// Per-layer cost accounting (ContextConfig::layer_cycles, run to completion): a SEND ping-pong spends cycles in
-// every layer, and the layers add up to no more than the time the client spent in the library.
+// Per-layer cost accounting (ContextConfig::layer_cycles): a SEND ping-pong spends cycles in every layer, and
+// the layers add up to no more than the time the client spent in the library. In RX-thread mode (suite
+// verbs_rx_thread) the RX thread's turns show too: in the driver, placing in the QP's receive half (its SENDs
+// are placed there after the handover) and forwarding, no more than the wall time either.
 TEST_CASE("layer cycle accounting: a ping-pong shows every layer", "[verbs][memif]") {
     constexpr int kRounds = 2000;
     auto server = [](const PeerConfig& cfg) {
@@ -68,6 +70,12 @@ TEST_CASE("layer cycle accounting: a ping-pong shows every layer", "[verbs][memi
             throw std::runtime_error("a layer shows no cycles");
         if (static_cast<double>(d.total()) / d.cycles_per_ns > wall_ns * 1.05)
             throw std::runtime_error("layers add up to more than the wall time");
+        const bool rx_thread = verbs::diagnostics::rx_thread(*p.ctx).has_value();
+        if (rx_thread && (d.rx_io == 0 || d.rx_place == 0 || d.rx_forward == 0))
+            throw std::runtime_error("an RX thread layer shows no cycles");
+        if (!rx_thread && d.rx_total() != 0) throw std::runtime_error("RX thread cycles without an RX thread");
+        if (static_cast<double>(d.rx_total()) / d.cycles_per_ns > wall_ns * 1.05)
+            throw std::runtime_error("the RX thread's layers add up to more than the wall time");
         return p.end(0);
     };
     check_outcomes(run_pair(server, client));

@@ -108,9 +108,9 @@ struct Peer {
         if (g_checksums_on) cc.tcp_checksums = verbs::ContextConfig::Checksums::on;
         if (g_checksums_off) cc.tcp_checksums = verbs::ContextConfig::Checksums::off;
         cc.large_segments = g_large_segments;
-        // A capture and the layer accounting need run-to-completion mode.
+        // A capture needs run-to-completion mode.
         cc.layer_cycles = cfg.stack.count_cycles;
-        if (cfg.port.capture_path.empty() && !cc.layer_cycles) cc.threading = test_threading();
+        if (cfg.port.capture_path.empty()) cc.threading = test_threading();
         ctx = verbs::Context::open(cc);
         baseline = ctx->impl().stack().pool_usage();
         pd = ctx->alloc_pd();
