@@ -104,9 +104,9 @@ def case(exe, tmp, test, kind, args, sizes, iters):
 def layers(exe):
     """--layers in RX-thread mode: the client's table by layer, then its RX thread's rows (driver, forwarding:
     a WRITE stream's client receives only ACKs, so nothing to place), each with cycles per message."""
-    args = ["--test", "write", "--bw", "-s", "65536", "-n", "500", "--threading", "rx-thread", "--layers",
-            "--timeout", "5", "--deadline", "20"]
-    rc, out, err = run(exe, args)
+    args = ["--test", "write", "--bw", "-s", "65536", "-n", "200", "--threading", "rx-thread", "--layers",
+            "--timeout", "10", "--deadline", "50"]
+    rc, out, err = run(exe, args, timeout=60)  # four busy threads on two cores, under TSan too
     check(rc == 0, f"--layers rx-thread: exit {rc}: {err.strip()[-300:]}")
     check("# client cycles per message by layer:" in out, "--layers rx-thread: no layer table")
     rows = {}
