@@ -80,10 +80,10 @@ RxThread::RxThread(io::Port& port, const ThreadingConfig& cfg, unsigned max_flow
             return;
         }
         // An lcore id of its own gives the thread per-lcore mempool caches: the mbufs memif allocates for
-        // received frames and the ones this thread frees stay a small, hot LIFO set instead of a FIFO walk
-        // through the pools' rings (as an unregistered thread gets: with 64 KiB RX mbufs that walk covered all
-        // 33 MiB of the large pool). The ports' pools are sized for one cache more than the EAL's lcores for
-        // this (io/port.cpp). Registered after pinning: DPDK records the affinity it finds.
+        // received frames and the ones this thread frees stay a small, hot LIFO set instead of going through
+        // the pools' shared rings each time (as for an unregistered thread). The ports' pools are sized for one
+        // cache more than the EAL's lcores for this (io/port.cpp). Registered after pinning: DPDK records the
+        // affinity it finds.
         if (rte_thread_register() == 0 && rte_lcore_id() != LCORE_ID_ANY)
             lcore_.store(static_cast<std::int32_t>(rte_lcore_id()), std::memory_order_relaxed);
         pinned.store(1, std::memory_order_release);  // last touch of `pinned`: it lives on the creator's stack
