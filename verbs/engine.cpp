@@ -11,6 +11,8 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <initializer_list>
+#include <iterator>
 
 #include <rte_cycles.h>
 
@@ -475,27 +477,21 @@ LayerCycles LayerCycles::since(const LayerCycles& e) const noexcept {
 
 std::string LayerCycles::table(std::uint64_t messages) const {
     const double n = static_cast<double>(std::max<std::uint64_t>(messages, 1));
-    const double all = static_cast<double>(std::max<std::uint64_t>(total(), 1));
     std::string out = "layer        cycles/msg    ns/msg   share\n";
-    const std::pair<const char*, std::uint64_t> rows[] = {
-        {"io", io}, {"lwip", lwip}, {"mpa+crc", mpa}, {"ddp/rdmap", ddp_rdmap}, {"verbs", verbs}, {"total", total()}};
-    for (const auto& [name, c] : rows) {
-        char line[96];
-        std::snprintf(line, sizeof line, "%-10s %12.0f %9.1f %6.1f%%\n", name, static_cast<double>(c) / n,
-                      static_cast<double>(c) / n / cycles_per_ns, 100.0 * static_cast<double>(c) / all);
-        out += line;
-    }
+    // One block of rows, each with its share of the block's last row (its total).
+    auto block = [&](std::initializer_list<std::pair<const char*, std::uint64_t>> rows) {
+        const double all = static_cast<double>(std::max<std::uint64_t>(std::data(rows)[rows.size() - 1].second, 1));
+        for (const auto& [name, c] : rows) {
+            char line[96];
+            std::snprintf(line, sizeof line, "%-10s %12.0f %9.1f %6.1f%%\n", name, static_cast<double>(c) / n,
+                          static_cast<double>(c) / n / cycles_per_ns, 100.0 * static_cast<double>(c) / all);
+            out += line;
+        }
+    };
+    block({{"io", io}, {"lwip", lwip}, {"mpa+crc", mpa}, {"ddp/rdmap", ddp_rdmap}, {"verbs", verbs}, {"total", total()}});
     if (rx_total() == 0) return out;
-    const double rx_all = static_cast<double>(rx_total());
     out += "RX thread (apart from the total above)\n";
-    const std::pair<const char*, std::uint64_t> rx_rows[] = {
-        {"rx io", rx_io}, {"rx place", rx_place}, {"rx forward", rx_forward}, {"rx total", rx_total()}};
-    for (const auto& [name, c] : rx_rows) {
-        char line[96];
-        std::snprintf(line, sizeof line, "%-10s %12.0f %9.1f %6.1f%%\n", name, static_cast<double>(c) / n,
-                      static_cast<double>(c) / n / cycles_per_ns, 100.0 * static_cast<double>(c) / rx_all);
-        out += line;
-    }
+    block({{"rx io", rx_io}, {"rx place", rx_place}, {"rx forward", rx_forward}, {"rx total", rx_total()}});
     return out;
 }
 
