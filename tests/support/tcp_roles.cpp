@@ -181,10 +181,10 @@ int finish_checks(stack::Stack& stack, io::Port& port, const stack::PoolUsage& b
     run([&] { return stack.owed_output() == 0 || !port.link_up(); }, 5s);
     const unsigned owed = port.link_up() ? stack.owed_output() : 0;
     run([] { return false; }, 20ms);
-    // With fault injection that ACK may be lost, and the peer, in LAST_ACK, resends its FIN until answered: stay
-    // in TIME_WAIT, answering, until the peer has finished too (its port gone: link down), at most 3 s. Purging
-    // at once left the peer's pcb retransmitting to nobody past its own 10 s wait (faults case, ASan, RX thread).
-    if (port.faults_on() && stack.time_wait_pcbs() != 0) run([&] { return !port.link_up(); }, 3s);
+    // With fault injection (on either side) that ACK may be lost, and the peer, in LAST_ACK or CLOSING, resends
+    // its FIN until answered: stay in TIME_WAIT, answering, until the peer has finished too (its port gone: link
+    // down), at most 3 s. Purging at once left the peer's pcb retransmitting to nobody past its own 10 s wait.
+    if ((port.faults_on() || g_lossy_link) && stack.time_wait_pcbs() != 0) run([&] { return !port.link_up(); }, 3s);
     stack.purge_time_wait();
     if (owed != 0) {
         report(std::to_string(owed) + " frames or ACKs still owed to the peer after 5 s");

@@ -31,6 +31,19 @@ std::pair<PeerConfig, PeerConfig> memif_pair(std::uint16_t mtu = 1500);
 // pools differ. `run` drives the process while it waits (run(done, timeout): true once done() held); empty:
 // stack.run_until. A verbs Context must pass its own run_until: with an RX thread the stack alone never sees a
 // frame (the Context drains the RX thread's ring), so the peer's last ACKs and FINs were never taken.
+// Set (for a test's scope, before its roles fork) when the link between the two roles loses frames: fault
+// injection on either side, usually only on one. finish_checks then stays in TIME_WAIT, answering resent FINs,
+// until the peer has gone (at most 3 s) on both sides, not only on the one whose port injects the faults: the
+// clean side once purged its TIME_WAIT at once, and the faulty side's FIN, whose ACK it had dropped, was resent
+// to nobody (client stuck in CLOSING, MTU 9000 faults case under TSan, RX thread).
+inline bool g_lossy_link = false;
+struct LossyLink {
+    LossyLink() { g_lossy_link = true; }
+    ~LossyLink() { g_lossy_link = false; }
+    LossyLink(const LossyLink&) = delete;
+    LossyLink& operator=(const LossyLink&) = delete;
+};
+
 using RunUntil = std::function<bool(const std::function<bool()>&, std::chrono::milliseconds)>;
 int finish_checks(stack::Stack& stack, io::Port& port, const stack::PoolUsage& baseline, int rc,
                   const RunUntil& run = {});

@@ -134,6 +134,7 @@ void run_faults(std::uint64_t mib, std::uint16_t mtu, bool zero_copy) {
     g_checksums_on = true;  // the server too: a corrupted frame must be caught either way
     g_large_segments = true;
     auto [s, c] = memif_pair(mtu);
+    const LossyLink lossy;  // the server's TIME_WAIT answers the client's resent FIN too
     const auto out = run_roles({{"server", [&, s = s] { return server(s); }},
                                 {"client", [&, c = c] { return client(c); }, 200ms}},
                                240s);

@@ -56,6 +56,7 @@ template <class Server, class Client>
 void run_with_drops(Server server, Client client) {
     auto [s, c] = memif_pair();
     g_checksums_off = true;
+    const LossyLink lossy;  // the client's TIME_WAIT answers the server's resent FIN too
     const auto out = run_roles({{"server", [&, s = s] { return server(s); }},
                                 {"client", [&, c = c] { return client(c); }, 200ms}},
                                180s);
