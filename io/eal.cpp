@@ -158,7 +158,7 @@ void start_eal(const EalConfig& cfg) {
     // --in-memory (no hugepage files kept) conflicts with --no-huge, which implies legacy memory; without
     // hugepages --no-shconf gives the same "no shared files".
     if (g_no_huge) args.insert(args.end(), {"--no-huge", "--no-shconf", "-m", std::to_string(cfg.no_huge_memory_mb)});
-    else args.emplace_back("--in-memory");
+    else args.insert(args.end(), {"--in-memory", "--single-file-segments"});  // (memif zero-copy needs the latter)
     for (const auto& v : cfg.vdevs) args.insert(args.end(), {"--vdev", v});
     args.insert(args.end(), cfg.extra_args.begin(), cfg.extra_args.end());
 

@@ -13,6 +13,8 @@
 
 #include <rte_bus_vdev.h>
 #include <rte_log.h>
+#include <rte_memory.h>
+#include <rte_mempool.h>
 #include <rte_dev.h>
 #include <rte_errno.h>
 #include <rte_eth_ring.h>
@@ -84,7 +86,7 @@ struct DeviceArgs {
     bool pci = false;
 };
 
-DeviceArgs device_args(const PortConfig& cfg) {
+DeviceArgs device_args(const PortConfig& cfg, bool zero_copy) {
     switch (cfg.backend) {
     case Backend::memif: {
         const std::string name = "net_memif" + std::to_string(cfg.memif_id);
@@ -96,7 +98,7 @@ DeviceArgs device_args(const PortConfig& cfg) {
         return {name + ",role=" + (cfg.memif_server ? "server" : "client") + ",id=" +
                     std::to_string(cfg.memif_id) + ",socket=" + cfg.memif_socket + ",mac=" + format_mac(mac) +
                     ",bsize=" + std::to_string(memif_buffer_size(cfg)) +
-                    ",rsize=" + std::to_string(memif_log2_ring(cfg)),
+                    ",rsize=" + std::to_string(memif_log2_ring(cfg)) + (zero_copy ? ",zero-copy=yes" : ""),
                 name};
     }
     case Backend::af_packet: {
@@ -126,9 +128,11 @@ std::uint32_t data_room_for(std::uint16_t mtu) {
 
 std::string to_string(const MacAddress& mac) { return format_mac(mac); }
 
-Port::Port(std::uint16_t port_id, std::string name, const PortConfig& cfg)
+Port::Port(std::uint16_t port_id, std::string name, const PortConfig& cfg, bool memif_zero_copy)
     : port_id_(port_id), name_(std::move(name)), mtu_(cfg.mtu), memif_(cfg.backend == Backend::memif),
       memif_client_(memif_ && !cfg.memif_server), large_frames_(memif_ && cfg.memif_large_frames),
+      memif_zero_copy_(memif_client_ && memif_zero_copy),
+      driver_held_(memif_zero_copy_ ? 2u << memif_log2_ring(cfg) : 0),
       vdev_(cfg.backend != Backend::device || cfg.device.find(',') != std::string::npos ||
             cfg.device.rfind("net_", 0) == 0) {}
 
@@ -313,6 +317,58 @@ void Port::attach_guard(const PortConfig& cfg) {
     }
 }
 
+// memif zero-copy (DPDK 22.11): the client shares each of its memory segment lists with the peer as a region
+// (list i = region i + 1, from the list's base over its allocated segments), but describes every buffer, RX or
+// TX, as an offset into region 1: the first list. A buffer anywhere else would point the peer at the wrong
+// bytes, or past its mapping. So every mbuf pool and TX chunk this port hands the driver must lie in that span;
+// they are all made before the link comes up (the regions are taken then) and DPDK's heap fills the first list
+// first, so this holds unless the memory is fragmented, and then opening fails here rather than the peer later.
+void Port::check_zero_copy_memory() const {
+    struct Span {
+        const rte_memseg_list* first = nullptr;
+        std::uintptr_t lo = 0, hi = 0;
+    } span;
+    rte_memseg_walk(
+        [](const rte_memseg_list* msl, const rte_memseg* ms, void* arg) {
+            auto& s = *static_cast<Span*>(arg);
+            if (s.first == nullptr) {
+                s.first = msl;
+                s.lo = s.hi = reinterpret_cast<std::uintptr_t>(msl->base_va);
+            }
+            if (msl == s.first) s.hi += ms->len;
+            return 0;
+        },
+        &span);
+    auto inside = [&span](const void* p, std::size_t len) {
+        const auto a = reinterpret_cast<std::uintptr_t>(p);
+        return span.first != nullptr && a >= span.lo && a + len <= span.hi;
+    };
+    auto check_pool = [&](rte_mempool* mp) {
+        if (mp == nullptr) return;
+        bool ok = true;
+        struct Arg {
+            decltype(inside)* in;
+            bool* ok;
+        } arg{&inside, &ok};
+        rte_mempool_mem_iter(
+            mp,
+            [](rte_mempool*, void* opaque, rte_mempool_memhdr* hdr, unsigned) {
+                auto& a = *static_cast<Arg*>(opaque);
+                if (!(*a.in)(hdr->addr, hdr->len)) *a.ok = false;
+            },
+            &arg);
+        if (!ok)
+            throw Error(name_ + ": memif zero-copy: mbuf pool " + mp->name +
+                        " lies outside DPDK's first memory segment list, the only memory memif's zero-copy "
+                        "client describes correctly; open the port without PortConfig::memif_zero_copy");
+    };
+    check_pool(pool_);
+    check_pool(rx_pool_);
+    if (tx_arena_ != nullptr && !inside(tx_arena_->base(), tx_arena_->bytes()))
+        throw Error(name_ + ": memif zero-copy: the TX chunks lie outside DPDK's first memory segment list; open "
+                    "the port without PortConfig::memif_zero_copy");
+}
+
 void Port::start(const PortConfig& cfg) {
     rte_eth_dev_info info{};
     if (rte_eth_dev_info_get(port_id_, &info) != 0) throw Error("cannot query device " + name_);
@@ -354,8 +410,9 @@ void Port::start(const PortConfig& cfg) {
                     std::to_string(kMinSpareMbufs) + "; 0 = sized by the rule)");
     if (n == 0) {
         // (+ what fault injection may hold back, both directions, when it is on)
+        // (+ what a memif zero-copy driver keeps: driver_held())
         const std::uint32_t need = cfg.rx_descriptors + cfg.tx_descriptors + kStackHeldFrames +
-                                   kPoolCache * cached_threads() +
+                                   kPoolCache * cached_threads() + driver_held_ +
                                    (faults.any() ? 2 * static_cast<std::uint32_t>(FaultInjector::kHeld) : 0);
         n = 1;
         while (n < need + 1) n <<= 1;
@@ -388,7 +445,7 @@ void Port::start(const PortConfig& cfg) {
     rte_eth_dev_adjust_nb_rx_tx_desc(port_id_, &nrx, &ntx);
     const int socket = rte_eth_dev_socket_id(port_id_);
     if (large_frames_) {
-        const std::uint32_t need = kLargeRxBurst + kLargeRxHeld + kLargeRxCache * cached_threads() +
+        const std::uint32_t need = kLargeRxBurst + kLargeRxHeld + kLargeRxCache * cached_threads() + driver_held_ +
                                    (faults.any() ? static_cast<std::uint32_t>(FaultInjector::kHeld) : 0);
         std::uint32_t rx_n = 1;
         while (rx_n < need + 1) rx_n <<= 1;
@@ -399,6 +456,7 @@ void Port::start(const PortConfig& cfg) {
             throw Error("cannot allocate " + std::to_string(rx_n) + " RX mbufs of 64 KiB for " + name_ + ": " +
                         rte_strerror(rte_errno) + " (more hugepages, or a larger EalConfig::no_huge_memory_mb)");
     }
+    if (memif_zero_copy_) check_zero_copy_memory();
     if (rte_eth_rx_queue_setup(port_id_, 0, nrx, socket, nullptr, rx_pool_ != nullptr ? rx_pool_ : pool_) != 0)
         throw Error("cannot set up RX queue of " + name_);
     if (rte_eth_tx_queue_setup(port_id_, 0, ntx, socket, nullptr) != 0)
@@ -553,7 +611,15 @@ void Port::capture_tx(std::span<rte_mbuf* const> frames) noexcept {
 }
 
 std::unique_ptr<Port> open_port(const PortConfig& cfg, const EalConfig& eal_cfg) {
-    const DeviceArgs dev = device_args(cfg);
+    // memif zero-copy (the client's mode) shares the client's DPDK memory with the peer by file descriptor:
+    // hugepages only (the EAL then runs with single-file segments); without them, off, said once.
+    bool zero_copy = cfg.backend == Backend::memif && !cfg.memif_server && cfg.memif_zero_copy;
+    if (zero_copy && (eal_started() ? eal_without_hugepages()
+                                    : eal_cfg.hugepages == Hugepages::off || !hugepages_available())) {
+        log::warn("memif zero-copy needs hugepages: off for this port (run scripts/setup as root to reserve them)");
+        zero_copy = false;
+    }
+    const DeviceArgs dev = device_args(cfg, zero_copy);
     if (!eal_started()) {
         EalConfig eal = eal_cfg;
         if (dev.pci) eal.extra_args.insert(eal.extra_args.end(), {"-a", dev.args});
@@ -574,13 +640,14 @@ std::unique_ptr<Port> open_port(const PortConfig& cfg, const EalConfig& eal_cfg)
         }
         throw Error("DPDK created no port named '" + dev.name + "' from '" + dev.args + "': " + hint);
     }
-    std::unique_ptr<Port> port(new Port(id, dev.name, cfg));
+    std::unique_ptr<Port> port(new Port(id, dev.name, cfg, zero_copy));
     port->start(cfg);
-    log::info("port {} up, MAC {}, MTU {}, {} mbufs{}{}, {}", port->name(), to_string(port->mac()), port->mtu(),
+    log::info("port {} up, MAC {}, MTU {}, {} mbufs{}{}, {}{}", port->name(), to_string(port->mac()), port->mtu(),
               port->mbufs_total(), port->large_frames() ? " (RX: whole frames up to 64 KiB)" : "",
               eal_without_hugepages() ? " (no hugepages)" : "",
               port->tx_arena() != nullptr ? "zero-copy TX (" + std::to_string(port->tx_arena()->size()) + " chunks)"
-                                          : std::string("TX copies (no zero-copy)"));
+                                          : std::string("TX copies (no zero-copy)"),
+              port->memif_zero_copy() ? ", memif zero-copy" : "");
     return port;
 }
 

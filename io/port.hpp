@@ -144,6 +144,12 @@ public:
     // Frames up to 64 KiB fit the link whole (memif with PortConfig::memif_large_frames).
     bool large_frames() const noexcept { return large_frames_; }
     bool is_memif() const noexcept { return memif_; }
+    // memif zero-copy client (PortConfig::memif_zero_copy, with hugepages): the peer reads what we send from our
+    // own memory, so every TX mbuf's data must lie in DPDK's memory (no payload attached from application
+    // memory), and the driver keeps up to driver_held() mbufs (a ring of RX buffers given to the peer, a ring of
+    // sent frames it has not read yet) out of the pools.
+    bool memif_zero_copy() const noexcept { return memif_zero_copy_; }
+    unsigned driver_held() const noexcept { return driver_held_; }
     bool capturing() const noexcept { return capture_ != nullptr; }
     // Largest frame (Ethernet header + MTU) one mbuf of pool() holds without chaining (TX; RX too unless large
     // frames, whose RX mbufs hold kLargeRxFrame).
@@ -166,7 +172,8 @@ private:
     friend std::unique_ptr<Port> open_port(const PortConfig&, const EalConfig&);
     friend std::array<std::unique_ptr<Port>, 2> open_ring_pair(const PortConfig&, const PortConfig&,
                                                                const EalConfig&);
-    Port(std::uint16_t port_id, std::string name, const PortConfig& cfg);
+    Port(std::uint16_t port_id, std::string name, const PortConfig& cfg, bool memif_zero_copy = false);
+    void check_zero_copy_memory() const;
     void start(const PortConfig& cfg);
     void wait_link(std::chrono::milliseconds timeout);
     void attach_guard(const PortConfig& cfg);
@@ -205,6 +212,8 @@ private:
     bool memif_ = false;
     bool memif_client_ = false;
     bool large_frames_ = false;
+    bool memif_zero_copy_ = false;
+    unsigned driver_held_ = 0;
     bool vdev_ = false;  // created on DPDK's vdev bus: removed from it when closed, so it can be opened again
     std::string device_name_;  // DPDK's device behind the port
     bool closed_ = false;

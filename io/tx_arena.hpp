@@ -63,6 +63,9 @@ public:
     std::uint32_t generation(std::int32_t chunk) const noexcept { return gen_[static_cast<std::size_t>(chunk)]; }
 
     std::uint32_t size() const noexcept { return count_; }
+    // The chunks' memory: [base(), base() + bytes()).
+    const std::byte* base() const noexcept { return base_; }
+    std::size_t bytes() const noexcept { return static_cast<std::size_t>(count_) * kChunkSize; }
     // Chunks handed out since construction (tests: the zero-copy path was taken).
     std::uint64_t acquired() const noexcept { return acquired_; }
     std::uint32_t in_use() const noexcept { return count_ - static_cast<std::uint32_t>(free_.size()); }

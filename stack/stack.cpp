@@ -89,8 +89,9 @@ std::string PoolUsage::diff(const PoolUsage& later) const {
     for (std::size_t i = 0; i < pools.size() && i < later.pools.size(); ++i)
         add(pools[i].first, pools[i].second, later.pools[i].second);
     add("heap bytes", heap_used, later.heap_used);
-    // Fewer mbufs out than at the start is no leak (a driver may have held one then).
-    if (later.mbufs_in_use > mbufs_in_use) add("mbufs", mbufs_in_use, later.mbufs_in_use);
+    // Fewer mbufs out than at the start is no leak (a driver may have held one then); nor up to driver_slack
+    // more (a memif zero-copy driver's rings, io::Port::driver_held()).
+    if (later.mbufs_in_use > mbufs_in_use + driver_slack) add("mbufs", mbufs_in_use, later.mbufs_in_use);
     return out;
 }
 
@@ -134,9 +135,10 @@ Stack::Stack(io::Port& port, const StackConfig& cfg)
     // Deferred payload (defer_fill): the driver must copy the frame inside tx_burst and keep nothing (memif
     // does; fault injection holds frames back), and lwIP must not read the payload (no checksums to generate).
     // Not with a capture: a deferred frame memif refuses is built again from the chunk, and the capture, which
-    // records a refused burst once by its head mbuf, would record it twice.
-    defer_fill_ok_ = port.tx_arena() != nullptr && port.is_memif() && !port.faults_on() && !port.capturing() &&
-                     !cfg.tcp_checksums;
+    // records a refused burst once by its head mbuf, would record it twice. Not as memif's zero-copy client
+    // either: it keeps what it sends (the peer reads it from our memory) and can only describe DPDK's memory.
+    defer_fill_ok_ = port.tx_arena() != nullptr && port.is_memif() && !port.memif_zero_copy() && !port.faults_on() &&
+                     !port.capturing() && !cfg.tcp_checksums;
     foreign_shinfo_.free_cb = [](void*, void*) {};  // nothing to free: the bytes are the application's
     rte_mbuf_ext_refcnt_set(&foreign_shinfo_, 1);     // ours, so the count never reaches 0
     log::info("stack {} on {} (MTU {}{})", cfg.ip.address.str(), port.name(), port.mtu(),
@@ -802,6 +804,7 @@ PoolUsage Stack::pool_usage() const {
     u.pools.emplace_back(memp_SR_RX_PBUF.stats->name, memp_SR_RX_PBUF.stats->used);
     u.heap_used = static_cast<std::uint32_t>(lwip_stats.mem.used);
     u.mbufs_in_use = port_.mbufs_in_use();
+    u.driver_slack = port_.driver_held();
     if (const io::TxArena* a = port_.tx_arena()) u.pools.emplace_back("TX_CHUNK", a->in_use());
     return u;
 }

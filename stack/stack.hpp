@@ -74,6 +74,7 @@ struct PoolUsage {
     std::vector<std::pair<std::string, std::uint32_t>> pools;  // (name, objects in use)
     std::uint32_t heap_used = 0;
     std::uint32_t mbufs_in_use = 0;
+    std::uint32_t driver_slack = 0;  // mbufs a driver may keep between two uses (io::Port::driver_held())
     // "" when equal, else what differs, e.g. "TCP_PCB 1 -> 2; mbufs 1534 -> 1540".
     std::string diff(const PoolUsage& later) const;
 };

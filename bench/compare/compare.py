@@ -301,7 +301,7 @@ def measure_softrdma(a, out):
         try:
             run([exe] + args + ["--mtu", str(a.mtu), "--threading", a.threading, "--json", path,
                                 "--timeout", "10", "--deadline", str(deadline)] +
-                ([] if a.large_segments else ["--mtu-segments"]),
+                ([] if a.large_segments else ["--mtu-segments"]) + (["--memif-zc"] if a.memif_zc else []),
                 deadline + 15, os.path.join(out, "raw", f"softrdma-{name}.log"))
             test, kind, by_size, rtt = parse_rdma_perf(path)
             res[name] = {"test": test, "kind": kind, "results": by_size, "core_rtt_ns": rtt}
@@ -494,7 +494,8 @@ def render(rows, status, meta):
     notes.append(f"- {meta['when']}, commit {meta['commit'] or 'unknown'}, {meta['host']}, {meta['cpus']} CPUs, "
                  f"load average at start {meta['load_start']:.2f} (end {meta['load_end']:.2f}); "
                  f"{'--quick (short runs)' if meta['quick'] else 'full run'}, MTU {meta['mtu']}" +
-                 ("" if meta.get("large_segments", True) else ", softrdma with --mtu-segments (stock perftest without)"))
+                 ("" if meta.get("large_segments", True) else ", softrdma with --mtu-segments (stock perftest without)") +
+                 (", softrdma's client in memif zero-copy mode (--memif-zc)" if meta.get("memif_zc") else ""))
     if meta["load_start"] > 1.0 or meta["load_end"] > 1.0:
         notes.append("- other work was running on this 2-core machine during the run: figures are noisy")
     if meta.get("core_rtt_ns"):
@@ -611,6 +612,9 @@ def main(argv=None):
     p.add_argument("--mtu-segments", dest="large_segments", action="store_false",
                    help="rdma_perf --mtu-segments: MTU-sized TCP segments instead of large ones (up to 64 KiB on "
                         "memif, ContextConfig::large_segments, the default)")
+    p.add_argument("--memif-zc", action="store_true",
+                   help="rdma_perf --memif-zc: its client process in memif's zero-copy mode (PortConfig::memif_zero_copy; "
+                        "needs hugepages)")
     a = p.parse_args(argv)
     a.build = os.path.realpath(os.path.join(top, a.build) if not os.path.isabs(a.build) else a.build)
     if "kernel" not in a.skip and os.geteuid() != 0:
@@ -629,7 +633,7 @@ def main(argv=None):
     meta = {"when": now.strftime("%Y-%m-%d %H:%M UTC"), "host": os.uname().nodename, "cpus": os.cpu_count(),
             "commit": source_revision(a.source),
             "load_start": os.getloadavg()[0], "quick": a.quick, "mtu": a.mtu, "threading": a.threading,
-            "large_segments": a.large_segments}
+            "large_segments": a.large_segments, "memif_zc": a.memif_zc}
     results, status = {"floor": None, "kernel": None, "softrdma": None, "perftest": None}, {}
     parts = [("floor", measure_floor), ("kernel", measure_kernel), ("softrdma", measure_softrdma),
              ("perftest", measure_perftest)]

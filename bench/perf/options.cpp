@@ -76,6 +76,8 @@ void usage(const char* argv0) {
         "  --large-segments    TCP segments up to 64 KiB on memif (both threading modes), FPDUs up to 8960\n"
         "                      bytes framed in place (ContextConfig::large_segments; the default)\n"
         "  --mtu-segments      MTU-sized TCP segments instead (large_segments off)\n"
+        "  --memif-zc          memif: the client end (with --local: the client process) in memif's zero-copy\n"
+        "                      mode: one copy per frame instead of two (PortConfig::memif_zero_copy; hugepages)\n"
         "  --layers            after each row, the client's cycles per message by layer (io, lwip, mpa+crc,\n"
         "                      ddp/rdmap, verbs) and its TX copies per payload byte; with rx-thread, its RX\n"
         "                      thread's too (rx io, rx place, rx forward); costs a few ns per message\n"
@@ -201,6 +203,8 @@ bool parse(int argc, char** argv, Options& o, int& exit_code) {
             o.large_segments = true;
         } else if (a == "--mtu-segments") {
             o.large_segments = false;
+        } else if (a == "--memif-zc") {
+            o.memif_zero_copy = true;
         } else if (a == "--layers") {
             o.layers = true;
         } else if (a == "--mtu") {

@@ -110,6 +110,7 @@ public:
         : pc_(pc), o_(o), tpu_(tpu), server_(server), dir_(server ? 1u : 0u) {
         verbs::ContextConfig cc;
         cc.port = pc.port;
+        cc.port.memif_zero_copy = o.memif_zero_copy;  // (the server end ignores it)
         cc.eal = pc.eal;
         cc.ip = pc.stack.ip;
         cc.max_mr = 16;

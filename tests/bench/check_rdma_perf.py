@@ -129,6 +129,9 @@ def main():
         case(exe, tmp, "atomic", "bw", ["-n", "2000", "-t", "32"], [8], 2000)
         case(exe, tmp, "send", "bw", ["-s", "64", "-n", "20000", "-t", "64", "-c", "16"], [64], 20000)
         case(exe, tmp, "write", "bw", ["-s", "65536", "-n", "500"], [65536], 500)
+        # memif's zero-copy client (WRITE out of it, READ into it; its verbs test checks the bytes).
+        case(exe, tmp, "write", "bw", ["-s", "262144", "-n", "200", "--memif-zc"], [262144], 200)
+        case(exe, tmp, "read", "bw", ["-s", "262144", "-n", "200", "--memif-zc"], [262144], 200)
         layers(exe)
         # The flags a script relies on being refused, not ignored.
         rc, out, err = run(exe, ["--test", "atomic", "-s", "64"])

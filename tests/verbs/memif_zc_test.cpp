@@ -1,0 +1,119 @@
+// SPDX-License-Identifier: MIT
+// memif's zero-copy mode on the client end (PortConfig::memif_zero_copy): the server copies each frame straight
+// into an mbuf of the client's, which the client places from as it is, and reads what the client sends straight
+// from the client's mbufs and TX chunks (io/port.cpp: check_zero_copy_memory). WRITE and SEND go out from the
+// zero-copy side, READ responses and the server's SENDs come in to it; sizes from one FPDU to several send
+// buffers, odd lengths, and every byte checked on the receiving side; both ends' pools back at the end (the
+// client's within the driver's rings). Both threading modes (the fixture).
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <stdexcept>
+
+#include "io/eal.hpp"
+#include "tests/verbs/fixture.hpp"
+
+using namespace softrdma;
+using namespace softrdma::test;
+using namespace softrdma::test::verbs_fixture;
+
+namespace {
+
+constexpr std::size_t kSizes[] = {4096, 100001, 65536, 262147, (2u << 20) - 5, 9000};
+constexpr std::size_t kMax = 2u << 20;
+// Each side's buffer: [WRITE target / source][READ source / sink][SEND area][control]
+constexpr std::size_t kWriteAt = 0, kReadAt = kMax, kSendAt = 2 * kMax, kCtlAt = 3 * kMax, kBytes = kCtlAt + 64;
+constexpr int kRounds = 12;
+constexpr std::chrono::milliseconds kLong{30000};
+
+void expect_ok(const std::vector<verbs::WorkCompletion>& wcs) {
+    for (const auto& w : wcs)
+        if (w.status != WcStatus::success)
+            throw std::runtime_error("WR " + std::to_string(w.wr_id) + ": " + verbs::to_string(w.status));
+}
+
+void expect_pattern(std::uint64_t seed, std::span<const std::byte> got, const char* what, int round) {
+    if (const auto bad = check_pattern(seed, 0, got); bad >= 0)
+        throw std::runtime_error(std::string(what) + " of round " + std::to_string(round) + " (" +
+                                 std::to_string(got.size()) + " bytes) differs at " + std::to_string(bad));
+}
+
+}  // namespace
+
+TEST_CASE("memif zero-copy client: WRITE and SEND out of it, READ and SEND into it, every byte checked",
+          "[verbs][memif][zero-copy]") {
+    if (!io::hugepages_available()) {
+        WARN("skipped: memif zero-copy needs hugepages (scripts/setup reserves them)");
+        return;
+    }
+    auto server = [](const PeerConfig& cfg) {
+        Peer p(cfg, kBytes, kAll);
+        if (p.ctx->impl().port().memif_zero_copy()) throw std::runtime_error("the server end reports zero-copy");
+        p.post_recv(1, kSendAt, static_cast<std::uint32_t>(kMax));
+        p.post_recv(2, kCtlAt, 8);
+        p.serve();
+        for (int r = 0; r < kRounds; ++r) {
+            const std::size_t len = kSizes[r % std::size(kSizes)];
+            // The client's WRITE, its SEND, then its word (DDP keeps them in order).
+            const auto wc = p.wait_wc(2, kLong);
+            expect_ok(wc);
+            expect_pattern(4 * r, std::span(p.buf).subspan(kWriteAt, len), "WRITE", r);
+            expect_pattern(4 * r + 1, std::span(p.buf).subspan(kSendAt, len), "client's SEND", r);
+            fill_pattern(4 * r + 2, 0, std::span(p.buf).subspan(kReadAt, len));
+            fill_pattern(4 * r + 3, 0, std::span(p.buf).subspan(kSendAt, len));
+            p.post_recv(1, kSendAt, static_cast<std::uint32_t>(kMax));
+            p.post_recv(2, kCtlAt, 8);
+            // Our SEND into the client, which then READs the READ area.
+            const verbs::Sge s = p.mr->sge(kSendAt, static_cast<std::uint32_t>(len));
+            p.post_send({.wr_id = 10, .opcode = verbs::WrOpcode::send, .send_flags = verbs::send_flags::signaled,
+                         .sg_list = {&s, 1}});
+            expect_ok(p.wait_wc(1, kLong));
+        }
+        expect_ok(p.wait_wc(1, kLong));  // the client's last word: it has read everything
+        return p.end(0);
+    };
+    auto client = [](const PeerConfig& base) {
+        PeerConfig cfg = base;
+        cfg.port.memif_zero_copy = true;
+        Peer p(cfg, kBytes, kAll);
+        if (!p.ctx->impl().port().memif_zero_copy()) throw std::runtime_error("zero-copy is off");
+        p.connect();
+        for (int r = 0; r < kRounds; ++r) {
+            const std::size_t len = kSizes[r % std::size(kSizes)];
+            p.post_recv(3, kSendAt, static_cast<std::uint32_t>(kMax));
+            fill_pattern(4 * r, 0, std::span(p.buf).subspan(kWriteAt, len));
+            // The SEND's source: the READ sink area, free until the READ below.
+            fill_pattern(4 * r + 1, 0, std::span(p.buf).subspan(kReadAt, len));
+            const verbs::Sge w = p.mr->sge(kWriteAt, static_cast<std::uint32_t>(len));
+            p.post_send({.wr_id = 20, .opcode = verbs::WrOpcode::rdma_write, .send_flags = verbs::send_flags::signaled,
+                         .sg_list = {&w, 1}, .rdma = {p.remote.addr + kWriteAt, p.remote.rkey}});
+            const verbs::Sge s = p.mr->sge(kReadAt, static_cast<std::uint32_t>(len));
+            p.post_send({.wr_id = 21, .opcode = verbs::WrOpcode::send, .send_flags = verbs::send_flags::signaled,
+                         .sg_list = {&s, 1}});
+            const verbs::Sge c = p.mr->sge(kCtlAt, 8);
+            p.post_send({.wr_id = 22, .opcode = verbs::WrOpcode::send, .send_flags = verbs::send_flags::signaled,
+                         .sg_list = {&c, 1}});
+            expect_ok(p.wait_wc(4, kLong));  // WRITE, SEND, word, and the server's SEND
+            expect_pattern(4 * r + 3, std::span(p.buf).subspan(kSendAt, len), "server's SEND", r);
+            std::memset(p.buf.data() + kReadAt, 0, len);
+            const verbs::Sge rd = p.mr->sge(kReadAt, static_cast<std::uint32_t>(len));
+            p.post_send({.wr_id = 23, .opcode = verbs::WrOpcode::rdma_read, .send_flags = verbs::send_flags::signaled,
+                         .sg_list = {&rd, 1}, .rdma = {p.remote.addr + kReadAt, p.remote.rkey}});
+            expect_ok(p.wait_wc(1, kLong));
+            expect_pattern(4 * r + 2, std::span(p.buf).subspan(kReadAt, len), "READ", r);
+        }
+        const verbs::Sge c = p.mr->sge(kCtlAt, 8);
+        p.post_send({.wr_id = 24, .opcode = verbs::WrOpcode::send, .send_flags = verbs::send_flags::signaled,
+                     .sg_list = {&c, 1}});
+        expect_ok(p.wait_wc(1, kLong));
+        const StackCounters sc = verbs::diagnostics::stack(*p.ctx);
+        if (sc.tx_from_source != 0)  // memif can point the peer only at DPDK memory, never at ours
+            throw std::runtime_error("sent from application memory: " + std::to_string(sc.tx_from_source) + " bytes");
+        return p.end(0);
+    };
+    auto [s, c] = memif_pair();
+    const auto out = run_roles({{"server", [&, s = s] { return server(s); }},
+                                {"client", [&, c = c] { return client(c); }, 200ms}},
+                               120s);
+    check_outcomes(out);
+}
