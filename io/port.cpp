@@ -612,7 +612,7 @@ void Port::capture_tx(std::span<rte_mbuf* const> frames) noexcept {
 
 std::unique_ptr<Port> open_port(const PortConfig& cfg, const EalConfig& eal_cfg) {
     // memif zero-copy (the client's mode) shares the client's DPDK memory with the peer by file descriptor:
-    // hugepages only (the EAL then runs with single-file segments); without them, off, said once.
+    // hugepages only (the EAL then runs with single-file segments); without them, off, and said.
     bool zero_copy = cfg.backend == Backend::memif && !cfg.memif_server && cfg.memif_zero_copy;
     if (zero_copy && (eal_started() ? eal_without_hugepages()
                                     : eal_cfg.hugepages == Hugepages::off || !hugepages_available())) {
