@@ -36,12 +36,6 @@ int rounds(std::uint64_t mib) {
     return static_cast<int>((total_mib(mib) + per_round - 1) / per_round);
 }
 
-void expect_ok(const std::vector<verbs::WorkCompletion>& wcs) {
-    for (const auto& w : wcs)
-        if (w.status != WcStatus::success)
-            throw std::runtime_error("WR " + std::to_string(w.wr_id) + ": " + verbs::to_string(w.status));
-}
-
 std::string faults_line(const char* dir, const FaultCounters& f) {
     return std::string(dir) + " dropped " + std::to_string(f.dropped) + " duplicated " + std::to_string(f.duplicated) +
            " reordered " + std::to_string(f.reordered) + " delayed " + std::to_string(f.delayed) + " corrupted " +

@@ -228,4 +228,11 @@ inline std::vector<ChildOutcome> run_pair(const std::function<int(const PeerConf
 inline constexpr std::uint32_t kAll = verbs::access::local_write | verbs::access::remote_write |
                                verbs::access::remote_read | verbs::access::remote_atomic;
 
+// Throws naming the first WR that did not succeed.
+inline void expect_ok(const std::vector<verbs::WorkCompletion>& wcs) {
+    for (const auto& w : wcs)
+        if (w.status != WcStatus::success)
+            throw std::runtime_error("WR " + std::to_string(w.wr_id) + ": " + verbs::to_string(w.status));
+}
+
 }  // namespace softrdma::test::verbs_fixture

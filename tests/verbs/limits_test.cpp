@@ -25,16 +25,6 @@ using namespace softrdma;
 using namespace softrdma::test;
 using namespace softrdma::test::verbs_fixture;
 
-namespace {
-
-void expect_ok(const std::vector<verbs::WorkCompletion>& wcs) {
-    for (const auto& wc : wcs)
-        if (wc.status != WcStatus::success)
-            throw std::runtime_error("wr_id " + std::to_string(wc.wr_id) + ": " + verbs::to_string(wc.status));
-}
-
-}  // namespace
-
 TEST_CASE("a CQ smaller than its completions: the surplus is counted, one cq_err event names the CQ and the QP, "
           "the connection goes on", "[verbs][memif][limits]") {
     constexpr int kSends = 16;

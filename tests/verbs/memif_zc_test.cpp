@@ -26,12 +26,6 @@ constexpr std::size_t kWriteAt = 0, kReadAt = kMax, kSendAt = 2 * kMax, kCtlAt =
 constexpr int kRounds = 12;
 constexpr std::chrono::milliseconds kLong{30000};
 
-void expect_ok(const std::vector<verbs::WorkCompletion>& wcs) {
-    for (const auto& w : wcs)
-        if (w.status != WcStatus::success)
-            throw std::runtime_error("WR " + std::to_string(w.wr_id) + ": " + verbs::to_string(w.status));
-}
-
 void expect_pattern(std::uint64_t seed, std::span<const std::byte> got, const char* what, int round) {
     if (const auto bad = check_pattern(seed, 0, got); bad >= 0)
         throw std::runtime_error(std::string(what) + " of round " + std::to_string(round) + " (" +

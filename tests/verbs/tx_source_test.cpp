@@ -28,12 +28,6 @@ constexpr std::size_t kWriteAt = 0, kReadAt = kMax, kCtlAt = 2 * kMax, kBytes = 
 constexpr int kRounds = 25;
 constexpr std::chrono::milliseconds kLong{30000};
 
-void expect_ok(const std::vector<verbs::WorkCompletion>& wcs) {
-    for (const auto& w : wcs)
-        if (w.status != WcStatus::success)
-            throw std::runtime_error("WR " + std::to_string(w.wr_id) + ": " + verbs::to_string(w.status));
-}
-
 // The server of both cases: its port drops 3 % of what it receives (seeded), so TCP resends.
 PeerConfig dropping(const PeerConfig& base, std::uint64_t seed) {
     PeerConfig cfg = base;
