@@ -92,6 +92,9 @@ bool hugepages_available() noexcept {
 
 bool eal_started() noexcept { return g_started.load(); }
 bool eal_without_hugepages() noexcept { return g_no_huge; }
+bool eal_uses_hugepages(const EalConfig& cfg) noexcept {
+    return eal_started() ? !g_no_huge : cfg.hugepages != Hugepages::off && hugepages_available();
+}
 
 void start_eal(const EalConfig& cfg) {
     if (g_started.exchange(true)) throw Error("DPDK EAL already started in this process (it cannot start twice)");

@@ -15,6 +15,9 @@ void start_eal(const EalConfig& cfg);
 bool eal_started() noexcept;
 // True when the EAL runs without hugepages (--no-huge).
 bool eal_without_hugepages() noexcept;
+// Whether the EAL runs on hugepages: once started, as it does; before, as start_eal(cfg) would (the rule of
+// EalConfig::hugepages; `required` without them fails to start).
+bool eal_uses_hugepages(const EalConfig& cfg) noexcept;
 // Free 2 MiB hugepages on this machine and whether hugetlbfs is mounted.
 bool hugepages_available() noexcept;
 

@@ -324,9 +324,15 @@ void Port::attach_guard(const PortConfig& cfg) {
 // they are all made before the link comes up (the regions are taken then) and DPDK's heap fills the first list
 // first, so this holds unless the memory is fragmented, and then opening fails here rather than the peer later.
 void Port::check_zero_copy_memory() const {
+    // Region 1 as memif computes it: the first list's base, over the lengths of its allocated segments.
     struct Span {
         const rte_memseg_list* first = nullptr;
         std::uintptr_t lo = 0, hi = 0;
+        bool all_inside = true;  // of what was checked
+        void check(const void* p, std::size_t len) {
+            const auto a = reinterpret_cast<std::uintptr_t>(p);
+            all_inside = all_inside && first != nullptr && a >= lo && a + len <= hi;
+        }
     } span;
     rte_memseg_walk(
         [](const rte_memseg_list* msl, const rte_memseg* ms, void* arg) {
@@ -339,32 +345,23 @@ void Port::check_zero_copy_memory() const {
             return 0;
         },
         &span);
-    auto inside = [&span](const void* p, std::size_t len) {
-        const auto a = reinterpret_cast<std::uintptr_t>(p);
-        return span.first != nullptr && a >= span.lo && a + len <= span.hi;
-    };
-    auto check_pool = [&](rte_mempool* mp) {
+    auto check_pool = [&span, this](rte_mempool* mp) {
         if (mp == nullptr) return;
-        bool ok = true;
-        struct Arg {
-            decltype(inside)* in;
-            bool* ok;
-        } arg{&inside, &ok};
         rte_mempool_mem_iter(
             mp,
-            [](rte_mempool*, void* opaque, rte_mempool_memhdr* hdr, unsigned) {
-                auto& a = *static_cast<Arg*>(opaque);
-                if (!(*a.in)(hdr->addr, hdr->len)) *a.ok = false;
+            [](rte_mempool*, void* arg, rte_mempool_memhdr* hdr, unsigned) {
+                static_cast<Span*>(arg)->check(hdr->addr, hdr->len);
             },
-            &arg);
-        if (!ok)
+            &span);
+        if (!span.all_inside)
             throw Error(name_ + ": memif zero-copy: mbuf pool " + mp->name +
                         " lies outside DPDK's first memory segment list, the only memory memif's zero-copy "
                         "client describes correctly; open the port without PortConfig::memif_zero_copy");
     };
     check_pool(pool_);
     check_pool(rx_pool_);
-    if (tx_arena_ != nullptr && !inside(tx_arena_->base(), tx_arena_->bytes()))
+    if (tx_arena_ != nullptr) span.check(tx_arena_->base(), tx_arena_->bytes());
+    if (!span.all_inside)
         throw Error(name_ + ": memif zero-copy: the TX chunks lie outside DPDK's first memory segment list; open "
                     "the port without PortConfig::memif_zero_copy");
 }
@@ -614,8 +611,7 @@ std::unique_ptr<Port> open_port(const PortConfig& cfg, const EalConfig& eal_cfg)
     // memif zero-copy (the client's mode) shares the client's DPDK memory with the peer by file descriptor:
     // hugepages only (the EAL then runs with single-file segments); without them, off, and said.
     bool zero_copy = cfg.backend == Backend::memif && !cfg.memif_server && cfg.memif_zero_copy;
-    if (zero_copy && (eal_started() ? eal_without_hugepages()
-                                    : eal_cfg.hugepages == Hugepages::off || !hugepages_available())) {
+    if (zero_copy && !eal_uses_hugepages(eal_cfg)) {
         log::warn("memif zero-copy needs hugepages: off for this port (run scripts/setup as root to reserve them)");
         zero_copy = false;
     }

@@ -55,7 +55,8 @@ public:
     Port& operator=(const Port&) = delete;
 
     // Receives up to out.size() frames. Ownership: each returned mbuf now belongs to the caller, who must
-    // rte_pktmbuf_free() it (or hand it on, saying who frees it).
+    // rte_pktmbuf_free() it (or hand it on, saying who frees it). As a memif zero-copy client, that mbuf is the
+    // one the driver had lent the peer, which wrote the frame into it; the driver lends it a fresh one.
     // Returns 0 once the link is down or the port is closing (see Threads).
     std::uint16_t rx_burst(std::span<rte_mbuf*> out) noexcept {
         std::uint16_t n = 0;
@@ -74,7 +75,8 @@ public:
         return n;
     }
     // Queues frames for transmission. Ownership: the first `return value` mbufs now belong to the driver;
-    // the rest stay with the caller (retry or free). Once the link is down or the port is closing, none are
+    // the rest stay with the caller (retry or free). As a memif zero-copy client the driver keeps them (and the
+    // TX chunks they reference) until the peer has read them, and frees them in a later tx_burst. Once the link is down or the port is closing, none are
     // taken (see Threads).
     std::uint16_t tx_burst(std::span<rte_mbuf*> frames) noexcept {
         std::uint16_t n = 0;
