@@ -37,6 +37,8 @@
 #include <cstring>
 
 #include <rte_ethdev.h>
+#include <rte_malloc.h>
+#include <rte_mbuf.h>
 #include <rte_interrupts.h>
 #include <rte_spinlock.h>
 #include <rte_version.h>
@@ -53,6 +55,7 @@ constexpr bool kKnownDpdk = RTE_VERSION >= RTE_VERSION_NUM(22, 11, 0, 0) && RTE_
 struct EthDevHead {
     void* fast_path[6];  // rx_pkt_burst, tx_pkt_burst, tx_pkt_prepare, rx_queue_count, rx/tx_descriptor_status
     struct EthDevDataHead* data;
+    void* process_private;  // memif: struct pmd_process_private
 };
 // Leading fields of struct rte_eth_dev_data (same header).
 struct EthDevDataHead {
@@ -88,7 +91,41 @@ struct MemifPmdHead {
     MemifRunParams cfg;  // configured maxima
     MemifRunParams run;  // of the current connection; zeroed at the end of memif_disconnect
 };
+// memif's struct memif_queue (rte_eth_memif.h), up to the ring size. A zero-copy client keeps in `buffers` the
+// mbufs it lent the server: RX buffers posted to the ring, and sent frames (one slot per segment), from
+// last_tail up to the ring's head, which only the client writes.
+struct MemifQueue {
+    rte_mempool* mempool;
+    void* pmd;
+    int type;  // memif_ring_type_t: 0 client-to-server, 1 server-to-client
+    std::uint16_t region;
+    std::uint16_t in_port;
+    std::uint32_t ring_offset;
+    std::uint16_t last_head;
+    std::uint16_t last_tail;
+    rte_mbuf** buffers;
+    std::uint64_t n_pkts;
+    std::uint64_t n_bytes;
+    rte_intr_handle* intr_handle;
+    std::uint8_t log2_ring_size;
+};
+static_assert(offsetof(MemifQueue, buffers) == 32 && offsetof(MemifQueue, log2_ring_size) == 64);
+// memif's struct memif_region and struct pmd_process_private (rte_eth_memif.h): region 0 holds the rings.
+struct MemifRegionHead {
+    void* addr;
+};
+struct MemifProcessPrivate {
+    MemifRegionHead* regions[256];
+    std::uint16_t regions_num;
+};
+// memif_ring_t (memif.h): head in the first cache line, tail in the second.
+struct MemifRingHead {
+    std::uint32_t cookie;
+    std::uint16_t flags;
+    std::uint16_t head;
+};
 constexpr std::uint32_t kFlagDisabled = 1u << 3;  // refuses connection requests
+constexpr std::uint32_t kFlagZeroCopy = 1u << 2;
 constexpr std::uint32_t kKnownFlags = 0x1f;
 
 MemifPmdHead* pmd(void* p) { return static_cast<MemifPmdHead*>(p); }
@@ -124,7 +161,59 @@ bool MemifGuard::attach(std::uint16_t port_id, const std::string& name, const Me
         return false;
     }
     pmd_ = p;
+    if (expect.zero_copy) {
+        // The queues must be the ones we set up: a zero-copy client's two (the driver's queue setup writes
+        // type, port and the RX pool), of this port, filled from our RX pool. Otherwise the lent mbufs stay
+        // with the driver until the port closes and its pools go (reclaim_lent does nothing).
+        auto* txq = static_cast<MemifQueue*>(data->tx_queues[0]);
+        auto* rxq = static_cast<MemifQueue*>(data->rx_queues[0]);
+        if ((p->flags & kFlagZeroCopy) != 0 && txq != nullptr && rxq != nullptr && txq->in_port == port_id &&
+            rxq->in_port == port_id && txq->type == 0 && rxq->type == 1 && rxq->mempool == expect.rx_pool &&
+            dev->process_private != nullptr) {
+            dev_ = dev;
+            txq_ = txq;
+            rxq_ = rxq;
+        } else {
+            why = "memif's zero-copy queues of " + name + " do not have the expected layout";
+        }
+    }
     return true;
+}
+
+unsigned MemifGuard::reclaim_lent() noexcept {
+    if (!held_ || dev_ == nullptr) return 0;
+    const auto* pp = static_cast<const MemifProcessPrivate*>(static_cast<const EthDevHead*>(dev_)->process_private);
+    // memif_disconnect unmaps and frees the regions only after taking the lock we hold (the caller held it
+    // since the link came up): the rings are still there, unless no connection was ever made.
+    if (pp->regions_num == 0 || pp->regions[0] == nullptr || pp->regions[0]->addr == nullptr) return 0;
+    unsigned freed = 0;
+    for (void* qp : {txq_, rxq_}) {
+        auto* q = static_cast<MemifQueue*>(qp);
+        if (q->buffers == nullptr || q->log2_ring_size > 14) continue;
+        const auto* ring =
+            reinterpret_cast<const MemifRingHead*>(static_cast<const std::byte*>(pp->regions[0]->addr) + q->ring_offset);
+        const std::uint16_t head = __atomic_load_n(&ring->head, __ATOMIC_ACQUIRE);
+        const std::uint16_t size = static_cast<std::uint16_t>(1u << q->log2_ring_size);
+        const std::uint16_t lent = static_cast<std::uint16_t>(head - q->last_tail);
+        if (lent > size) continue;  // no state the driver leaves: touch nothing
+        const std::uint16_t mask = static_cast<std::uint16_t>(size - 1);
+        // Ownership: the driver's (lent to the peer, who is gone or going), ours again here; one slot per
+        // segment, freed one by one as the driver itself does.
+        for (std::uint16_t i = 0; i < lent; ++i)
+            rte_pktmbuf_free_seg(q->buffers[static_cast<std::uint16_t>(q->last_tail + i) & mask]);
+        q->last_tail = head;
+        freed += lent;
+    }
+    return freed;
+}
+
+void MemifGuard::release_lent_arrays() noexcept {
+    if (dev_ == nullptr) return;
+    for (void* qp : {txq_, rxq_}) {
+        auto* q = static_cast<MemifQueue*>(qp);
+        rte_free(q->buffers);  // allocated by the driver at each connection (memif_init_queues), never freed
+        q->buffers = nullptr;
+    }
 }
 
 bool MemifGuard::try_hold() noexcept {

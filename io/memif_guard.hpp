@@ -17,6 +17,8 @@ struct MemifExpect {
     unsigned id = 0;
     std::uint16_t buffer_size = 0;
     std::uint8_t log2_ring_size = 0;
+    bool zero_copy = false;          // a zero-copy client: find the queues whose lent mbufs reclaim_lent() returns
+    const void* rx_pool = nullptr;   // the RX queue's mempool
 };
 
 // The memif driver's control-channel lock, held by io::Port for as long as the data path may touch the
@@ -48,8 +50,21 @@ public:
     // The driver state settled() looks at, for error messages.
     std::string describe() const;
 
+    // Zero-copy client only, with the burst gate shut and the lock held since the link came up (so the
+    // driver's disconnect, if under way, waits for us and the rings are mapped): gives the mbufs the driver
+    // lent out back to their pools (RX buffers posted to the peer, sent frames it had not finished with), as
+    // DPDK 22.11's disconnect does not, and returns how many. 0 and no effect when attach() did not recognise
+    // the queues (it then says why and attached() still holds).
+    unsigned reclaim_lent() noexcept;
+    // Zero-copy client, closing, once settled(): frees the driver's arrays of lent mbufs, which it allocates
+    // per connection and never frees.
+    void release_lent_arrays() noexcept;
+
 private:
     void* pmd_ = nullptr;  // the driver's struct pmd_internals (see memif_guard.cpp)
+    const void* dev_ = nullptr;  // zero-copy client: its struct rte_eth_dev, and its queues (struct memif_queue)
+    void* txq_ = nullptr;
+    void* rxq_ = nullptr;
     bool held_ = false;
 };
 

@@ -2,10 +2,15 @@
 #include "io/port.hpp"
 
 #include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <sched.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cerrno>
+#include <mutex>
 #include <cstdio>
 #include <fstream>
 #include <thread>
@@ -149,6 +154,92 @@ Port::~Port() {
     }
 }
 
+// ---- memif zero-copy and the EAL's hugepage files ------------------------------------------------------------
+//
+// DPDK 22.11's zero-copy client hands its peer each memory segment list as a region whose descriptor is the
+// EAL's own (rte_memseg_get_fd: single-file segments, one memfd per list), not a duplicate, and then closes
+// it: memif_connect right after a successful handshake ("close memseg file"), memif_free_regions after one
+// that failed. The EAL still holds the number: it grows and shrinks the list's file through it (fallocate) and
+// closes it when the list empties, so afterwards hugepage allocations in that list fail, or, once another
+// open() reuses the number, act on (and finally close) someone else's file. So the port keeps a duplicate of
+// each list's file from before its first handshake, and after every handshake (link up, or a failed attempt
+// before a retry, or closing) puts it back under the EAL's number when that number is closed. If the number
+// was taken by another file meanwhile, nothing can be put back: said once, and later ports refuse to open.
+namespace {
+
+struct KeptFile {
+    const rte_memseg_list* msl;
+    int eal_fd;   // the number the EAL uses for the list
+    int copy;     // our duplicate of the same file
+};
+std::vector<KeptFile> g_kept;      // control path only (opening, watching, closing ports)
+std::mutex g_kept_lock;
+std::atomic<bool> g_eal_files_lost{false};  // read by open_port, set by any port's restore
+
+int eal_fd_of(const rte_memseg_list* msl) {
+    struct Found {
+        const rte_memseg_list* msl;
+        int fd = -1;
+    } f{msl};
+    rte_memseg_walk(
+        [](const rte_memseg_list* l, const rte_memseg* ms, void* arg) {
+            auto& fo = *static_cast<Found*>(arg);
+            if (l != fo.msl) return 0;
+            fo.fd = rte_memseg_get_fd_thread_unsafe(ms);  // the walk holds the memory lock
+            return 1;
+        },
+        &f);
+    return f.fd;
+}
+
+bool same_file(int a, int b) {
+    struct stat sa{}, sb{};
+    return ::fstat(a, &sa) == 0 && ::fstat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
+// Before a zero-copy client's first handshake: a duplicate of every list file the EAL has open now.
+void keep_eal_files() {
+    std::vector<std::pair<const rte_memseg_list*, int>> lists;
+    rte_memseg_walk(
+        [](const rte_memseg_list* l, const rte_memseg* ms, void* arg) {
+            auto& v = *static_cast<std::vector<std::pair<const rte_memseg_list*, int>>*>(arg);
+            if (v.empty() || v.back().first != l) v.emplace_back(l, rte_memseg_get_fd_thread_unsafe(ms));
+            return 0;
+        },
+        &lists);
+    const std::lock_guard<std::mutex> lock(g_kept_lock);
+    for (const auto& [msl, fd] : lists) {
+        if (fd < 0) continue;
+        auto it = std::find_if(g_kept.begin(), g_kept.end(), [msl = msl](const KeptFile& k) { return k.msl == msl; });
+        if (it != g_kept.end() && it->eal_fd == fd && same_file(fd, it->copy)) continue;  // kept already
+        const int copy = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+        if (copy < 0) continue;
+        if (it != g_kept.end()) {
+            ::close(it->copy);  // the EAL reopened the list since (it closes a list's file when it empties)
+            *it = {msl, fd, copy};
+        } else {
+            g_kept.push_back({msl, fd, copy});
+        }
+    }
+}
+
+// After a zero-copy handshake (or a failed attempt): the EAL's numbers the driver closed, back.
+void restore_eal_files(const std::string& port) noexcept {
+    const std::lock_guard<std::mutex> lock(g_kept_lock);
+    for (KeptFile& k : g_kept) {
+        if (eal_fd_of(k.msl) != k.eal_fd) continue;  // the EAL uses another file now (or none)
+        if (::fcntl(k.eal_fd, F_GETFD) == -1 && errno == EBADF) {
+            ::dup3(k.copy, k.eal_fd, O_CLOEXEC);
+        } else if (!same_file(k.eal_fd, k.copy) && !g_eal_files_lost.exchange(true)) {
+            log::error("{}: memif zero-copy: DPDK's hugepage file descriptor {} was closed by the driver and reused "
+                       "by another file before it could be restored; this process cannot allocate DPDK memory "
+                       "safely any more", port, k.eal_fd);
+        }
+    }
+}
+
+}  // namespace
+
 // ---- the burst gate and the memif link watcher ------------------------------------------------------------
 
 void Port::open_gate(std::chrono::steady_clock::time_point deadline) {
@@ -159,6 +250,7 @@ void Port::open_gate(std::chrono::steady_clock::time_point deadline) {
                 throw Error("memif " + name_ + ": the driver's control channel stayed busy (peer left at once?)");
             std::this_thread::sleep_for(std::chrono::milliseconds(1));
         }
+        if (memif_zero_copy_) restore_eal_files(name_);  // the link is up: the handshake is over
         stop_watcher_.store(false);
         const std::string thread_name = "sr-link-" + std::to_string(port_id_);
         if (rte_ctrl_thread_create(&watcher_, thread_name.c_str(), nullptr, &Port::watch_link_main, this) != 0)
@@ -196,11 +288,13 @@ void Port::watch_link() noexcept {
         const bool up = link_up();
         if (guard_.held() && !up) {
             if (!shut_gate(kGateTimeout)) continue;  // a burst still inside: keep the lock, try again
+            if (memif_zero_copy_) guard_.reclaim_lent();  // the rings are still mapped: we held the lock throughout
             guard_.release();
             link_losses_.fetch_add(1, std::memory_order_relaxed);
         } else if (!guard_.held() && up && guard_.try_hold()) {
             // Link seen up, then the lock taken: a disconnect starting now waits for us; one that already
             // passed the lock cleared the driver's CONNECTED flag first, so bursts return at once.
+            if (memif_zero_copy_) restore_eal_files(name_);
             open_.store(true);
         }
     }
@@ -245,6 +339,7 @@ std::string Port::driver_state() const {
 // memif with the guard, gate shut, watcher stopped: take the lock (if the watcher had released it), refuse
 // new connections and shut the control channel, release, and wait for the interrupt thread's disconnect.
 Port::CloseResult Port::finish_memif_link() noexcept {
+    const bool held_throughout = guard_.held();  // the link still up: no disconnect has passed the lock
     auto deadline = std::chrono::steady_clock::now() + kGateTimeout;
     while (!guard_.try_hold()) {
         if (std::chrono::steady_clock::now() >= deadline) {
@@ -254,6 +349,10 @@ Port::CloseResult Port::finish_memif_link() noexcept {
         }
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
+    // Zero-copy client: the mbufs lent to the peer back to the pools. Only with the lock held since the link
+    // came up: once the watcher let a disconnect through (and took them back itself), the driver may be
+    // unmapping the rings right now.
+    if (memif_zero_copy_ && held_throughout) guard_.reclaim_lent();
     guard_.shut_channel();
     guard_.release();
     deadline = std::chrono::steady_clock::now() + kDisconnectTimeout;
@@ -265,6 +364,10 @@ Port::CloseResult Port::finish_memif_link() noexcept {
             return CloseResult::left_to_exit;
         }
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    if (memif_zero_copy_) {
+        guard_.release_lent_arrays();  // the driver is done with the connection
+        restore_eal_files(name_);      // closed by a handshake that never finished
     }
     return CloseResult::clean;
 }
@@ -307,6 +410,8 @@ void Port::attach_guard(const PortConfig& cfg) {
     expect.id = cfg.memif_id;
     expect.buffer_size = static_cast<std::uint16_t>(memif_buffer_size(cfg));
     expect.log2_ring_size = static_cast<std::uint8_t>(memif_log2_ring(cfg));
+    expect.zero_copy = memif_zero_copy_;
+    expect.rx_pool = rx_pool_ != nullptr ? rx_pool_ : pool_;
     std::string why;
     if (!guard_.attach(port_id_, name_, expect, why)) {
         static std::atomic<bool> said{false};
@@ -314,6 +419,8 @@ void Port::attach_guard(const PortConfig& cfg) {
             log::warn("no memif teardown guard ({}): a peer leaving while this process polls may "
                          "crash it (DPDK 22.11 memif), and ports whose peer left are not closed",
                          why);
+    } else if (!why.empty()) {
+        log::warn("{}: the mbufs memif's zero-copy driver lends its peer stay with it until the port closes", why);
     }
 }
 
@@ -453,7 +560,10 @@ void Port::start(const PortConfig& cfg) {
             throw Error("cannot allocate " + std::to_string(rx_n) + " RX mbufs of 64 KiB for " + name_ + ": " +
                         rte_strerror(rte_errno) + " (more hugepages, or a larger EalConfig::no_huge_memory_mb)");
     }
-    if (memif_zero_copy_) check_zero_copy_memory();
+    if (memif_zero_copy_) {
+        check_zero_copy_memory();
+        keep_eal_files();  // before any handshake of ours
+    }
     if (rte_eth_rx_queue_setup(port_id_, 0, nrx, socket, nullptr, rx_pool_ != nullptr ? rx_pool_ : pool_) != 0)
         throw Error("cannot set up RX queue of " + name_);
     if (rte_eth_tx_queue_setup(port_id_, 0, ntx, socket, nullptr) != 0)
@@ -523,6 +633,7 @@ void Port::wait_link(std::chrono::milliseconds timeout) {
         // not try again. Once that disconnect is over (settled: nothing left for the interrupt thread), stopping
         // is safe: connect again.
         if (memif_client_ && guard_.attached() && (!running || guard_.settled())) {
+            if (memif_zero_copy_) restore_eal_files(name_);  // a failed attempt closed them too
             if (running) rte_eth_dev_stop(port_id_);
             running = rte_eth_dev_start(port_id_) == 0;
         }
@@ -615,6 +726,8 @@ std::unique_ptr<Port> open_port(const PortConfig& cfg, const EalConfig& eal_cfg)
         log::warn("memif zero-copy needs hugepages: off for this port (run scripts/setup as root to reserve them)");
         zero_copy = false;
     }
+    if (g_eal_files_lost)
+        throw Error("memif zero-copy lost this process's hugepage files earlier (logged then): no more ports");
     const DeviceArgs dev = device_args(cfg, zero_copy);
     if (!eal_started()) {
         EalConfig eal = eal_cfg;

@@ -571,6 +571,7 @@ RxCopyStats rx_copies(const Context& ctx) noexcept { return ctx.impl().rx_copy_s
 TxCopyStats tx_copies(const Context& ctx) noexcept { return ctx.impl().tx_copy_stats(); }
 LayerCycles layer_cycles(const Context& ctx) noexcept { return ctx.impl().layer_cycles(); }
 unsigned tcp_connections(const Context& ctx) noexcept { return ctx.impl().stack().active_pcbs(); }
+bool memif_zero_copy(const Context& ctx) noexcept { return ctx.impl().port().memif_zero_copy(); }
 }  // namespace diagnostics
 
 ThreadingMode Context::threading_mode() const noexcept { return impl_->config().threading.mode; }

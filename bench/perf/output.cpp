@@ -8,13 +8,13 @@
 
 namespace softrdma::perf {
 
-void print_banner(std::FILE* f, const WireParams& p, const Options& o) {
+void print_banner(std::FILE* f, const WireParams& p, const Options& o, bool memif_zero_copy) {
     const bool half = p.kind == Kind::lat && (p.test == Test::send || p.test == Test::write);
     const bool large = o.large_segments;
     std::fprintf(f, "# rdma_perf %s %s | mtu %u | threading %s | crc %s | TCP segments %s%s | %s\n", to_string(p.test),
                  to_string(p.kind), o.mtu, o.threading.c_str(), o.crc ? "required" : "off",
                  large ? "up to 64 KiB on memif (large segments)" : "MTU-sized",
-                 o.memif_zero_copy ? " | memif zero-copy client" : "",
+                 memif_zero_copy ? " | memif zero-copy client" : o.mode == Mode::local ? " | memif copying" : "",
                  o.mode == Mode::local ? "local: two processes over memif" : "remote");
     // Busy-polling figures depend on having the cores: say how loaded the machine was.
     if (std::FILE* la = std::fopen("/proc/loadavg", "r")) {

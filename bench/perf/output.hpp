@@ -16,7 +16,8 @@ inline constexpr const char* kLatHeader =
     "99% percentile[usec] 99.9% percentile[usec]";
 inline constexpr const char* kBwHeader = "#bytes #iterations BW peak[MiB/sec] BW average[MiB/sec] MsgRate[Mpps]";
 
-void print_banner(std::FILE* f, const WireParams& p, const Options& o);
+// `memif_zero_copy`: whether this end's port runs memif's zero-copy client mode (diagnostics::memif_zero_copy).
+void print_banner(std::FILE* f, const WireParams& p, const Options& o, bool memif_zero_copy);
 void print_header(std::FILE* f, Kind k);
 void print_row(std::FILE* f, const LatStats& s);
 void print_row(std::FILE* f, const BwStats& s);

@@ -167,7 +167,7 @@ public:
             make_qp();
             ctx_->run_until([] { return false; }, 100ms);
         }
-        print_banner(stdout, p_, o_);
+        print_banner(stdout, p_, o_, verbs::diagnostics::memif_zero_copy(*ctx_));
         print_header(stdout, p_.kind);
 
         const std::size_t nph = phases_.size();

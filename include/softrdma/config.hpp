@@ -103,9 +103,10 @@ struct PortConfig {
     // One copy per frame instead of two, in both directions. Needs hugepages (EAL's single-file segments;
     // without hugepages it stays off and says so). On the zero-copy side payload is framed into TX chunks, not
     // sent from application memory (memif can only point the peer at DPDK's own memory), and the driver keeps
-    // up to one ring of RX mbufs and one of sent frames until the peer is done with them; DPDK 22.11 does not
-    // give them back when the peer disconnects, so a port whose peer leaves and another connects loses up to
-    // that many mbufs each time. Ignored by a server (zero-copy is the client's mode; its peer needs nothing).
+    // up to one ring of RX mbufs and one of sent frames while the link is up (the port takes them back when
+    // the link goes down or it closes, which DPDK 22.11 does not). DPDK 22.11's zero-copy client also closes
+    // the EAL's hugepage file descriptors at each handshake; the port puts them back (io/port.cpp). Ignored by
+    // a server (zero-copy is the client's mode; its peer needs nothing).
     bool memif_zero_copy = false;
     // Write every frame sent and received to this pcap file (tshark/Wireshark); empty = off. Debug aid:
     // it costs a buffered file write per frame.

@@ -128,6 +128,8 @@ TxCopyStats tx_copies(const Context& ctx) noexcept;
 LayerCycles layer_cycles(const Context& ctx) noexcept;
 // TCP connections not yet fully closed (a closing handshake still under way counts).
 unsigned tcp_connections(const Context& ctx) noexcept;
+// Whether the port runs memif's zero-copy client mode (PortConfig::memif_zero_copy and what allowed it).
+bool memif_zero_copy(const Context& ctx) noexcept;
 }  // namespace diagnostics
 
 }  // namespace verbs
