@@ -180,13 +180,12 @@ bool MemifGuard::attach(std::uint16_t port_id, const std::string& name, const Me
     return true;
 }
 
-unsigned MemifGuard::reclaim_lent() noexcept {
-    if (!held_ || dev_ == nullptr) return 0;
+void MemifGuard::reclaim_lent() noexcept {
+    if (!held_ || dev_ == nullptr) return;
     const auto* pp = static_cast<const MemifProcessPrivate*>(static_cast<const EthDevHead*>(dev_)->process_private);
     // memif_disconnect unmaps and frees the regions only after taking the lock we hold (the caller held it
     // since the link came up): the rings are still there, unless no connection was ever made.
-    if (pp->regions_num == 0 || pp->regions[0] == nullptr || pp->regions[0]->addr == nullptr) return 0;
-    unsigned freed = 0;
+    if (pp->regions_num == 0 || pp->regions[0] == nullptr || pp->regions[0]->addr == nullptr) return;
     for (void* qp : {txq_, rxq_}) {
         auto* q = static_cast<MemifQueue*>(qp);
         if (q->buffers == nullptr || q->log2_ring_size > 14) continue;
@@ -202,9 +201,7 @@ unsigned MemifGuard::reclaim_lent() noexcept {
         for (std::uint16_t i = 0; i < lent; ++i)
             rte_pktmbuf_free_seg(q->buffers[static_cast<std::uint16_t>(q->last_tail + i) & mask]);
         q->last_tail = head;
-        freed += lent;
     }
-    return freed;
 }
 
 void MemifGuard::release_lent_arrays() noexcept {

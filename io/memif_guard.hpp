@@ -53,9 +53,9 @@ public:
     // Zero-copy client only, with the burst gate shut and the lock held since the link came up (so the
     // driver's disconnect, if under way, waits for us and the rings are mapped): gives the mbufs the driver
     // lent out back to their pools (RX buffers posted to the peer, sent frames it had not finished with), as
-    // DPDK 22.11's disconnect does not, and returns how many. 0 and no effect when attach() did not recognise
-    // the queues (it then says why and attached() still holds).
-    unsigned reclaim_lent() noexcept;
+    // DPDK 22.11's disconnect does not. No effect when attach() did not recognise the queues (it then says
+    // why and attached() still holds).
+    void reclaim_lent() noexcept;
     // Zero-copy client, closing, once settled(): frees the driver's arrays of lent mbufs, which it allocates
     // per connection and never frees.
     void release_lent_arrays() noexcept;

@@ -170,7 +170,7 @@ namespace {
 struct KeptFile {
     const rte_memseg_list* msl;
     int eal_fd;   // the number the EAL uses for the list
-    int copy;     // our duplicate of the same file
+    int copy;     // our duplicate of the same file, kept open for the process's life
 };
 std::vector<KeptFile> g_kept;      // control path only (opening, watching, closing ports)
 std::mutex g_kept_lock;
