@@ -16,6 +16,7 @@
 //   io/memif_guard.cpp for why DPDK 22.11's memif needs it.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -89,7 +90,23 @@ public:
                 tx_busy_.store(false, std::memory_order_release);
                 return static_cast<std::uint16_t>(frames.size());
             }
-            n = rte_eth_tx_burst(port_id_, 0, frames.data(), static_cast<std::uint16_t>(frames.size()));
+            if (!memif_zero_copy_) [[likely]] {
+                n = rte_eth_tx_burst(port_id_, 0, frames.data(), static_cast<std::uint16_t>(frames.size()));
+            } else {
+                // DPDK 22.11's memif zero-copy transmit checks for a free ring slot only before each group of
+                // four frames (eth_memif_tx_zc's unrolled loop, "n_free > 4"), and each further segment of a
+                // frame on its own: with chained frames (ours have 2 or more segments) the group's next frame
+                // can find the ring full, and its first segment then takes the slot of a frame still in flight
+                // before the driver gives up on it. The driver later frees our mbuf from that slot while we
+                // still hold it (a chain cut short: a crash or a truncated frame) and never frees the one it
+                // displaced. Offered at most four at a time, the driver never enters that loop.
+                while (n < frames.size()) {
+                    const auto want = static_cast<std::uint16_t>(std::min<std::size_t>(frames.size() - n, 4));
+                    const std::uint16_t k = rte_eth_tx_burst(port_id_, 0, frames.data() + n, want);
+                    n = static_cast<std::uint16_t>(n + k);
+                    if (k < want) break;
+                }
+            }
         }
         account_tx(frames, n);
         tx_busy_.store(false, std::memory_order_release);
