@@ -291,9 +291,23 @@ bool Stack::chain_payload(rte_mbuf* head, pbuf* p, io::TxArena& arena, std::uint
             arena.attach(n, c, q->payload, q->len);
             attached += q->len;
             tail_copies = false;
-        } else {  // a copied piece too big for the tail (lwIP split a segment into its own memory)
-            std::memcpy(rte_pktmbuf_mtod(n, void*), q->payload, q->len);
-            n->data_len = q->len;
+        } else {
+            // A copied piece too big for the tail (data lwIP copied into its own memory, appended to a segment
+            // that began in a chunk: the connection's chunks ran out). Up to TCP_COPY_WRITE_MAX (8960) bytes,
+            // more than an mbuf holds at MTU 1500: into as many mbufs as it takes.
+            const auto* src = static_cast<const std::byte*>(q->payload);
+            for (std::uint32_t off = 0;;) {
+                const auto k = static_cast<std::uint16_t>(std::min<std::uint32_t>(room, q->len - off));
+                std::memcpy(rte_pktmbuf_mtod(n, void*), src + off, k);
+                n->data_len = k;
+                off += k;
+                if (off == q->len) break;
+                tail->next = n;
+                tail = n;
+                ++head->nb_segs;
+                n = port_.alloc();
+                if (n == nullptr) return false;
+            }
             tail_copies = true;
         }
         tail->next = n;
