@@ -138,6 +138,7 @@ Port::Port(std::uint16_t port_id, std::string name, const PortConfig& cfg, bool 
       memif_client_(memif_ && !cfg.memif_server), large_frames_(memif_ && cfg.memif_large_frames),
       memif_zero_copy_(memif_client_ && memif_zero_copy),
       driver_held_(memif_zero_copy_ ? 2u << memif_log2_ring(cfg) : 0),
+      tx_max_segments_(memif_zero_copy_ ? 1u << memif_log2_ring(cfg) : RTE_MBUF_MAX_NB_SEGS),
       vdev_(cfg.backend != Backend::device || cfg.device.find(',') != std::string::npos ||
             cfg.device.rfind("net_", 0) == 0) {}
 

@@ -169,6 +169,9 @@ public:
     // sent frames it has not read yet) out of the pools.
     bool memif_zero_copy() const noexcept { return memif_zero_copy_; }
     unsigned driver_held() const noexcept { return driver_held_; }
+    // Most mbufs one TX frame may have: the memif zero-copy client's ring size (each mbuf takes a descriptor, and
+    // the driver refuses a frame the ring could never hold, every time), else DPDK's limit for a chain.
+    unsigned tx_max_segments() const noexcept { return tx_max_segments_; }
     bool capturing() const noexcept { return capture_ != nullptr; }
     // Largest frame (Ethernet header + MTU) one mbuf of pool() holds without chaining (TX; RX too unless large
     // frames, whose RX mbufs hold kLargeRxFrame).
@@ -233,6 +236,7 @@ private:
     bool large_frames_ = false;
     bool memif_zero_copy_ = false;
     unsigned driver_held_ = 0;
+    unsigned tx_max_segments_ = 0;
     bool vdev_ = false;  // created on DPDK's vdev bus: removed from it when closed, so it can be opened again
     std::string device_name_;  // DPDK's device behind the port
     bool closed_ = false;

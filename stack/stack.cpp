@@ -109,6 +109,12 @@ Stack::Stack(io::Port& port, const StackConfig& cfg)
       netif_(std::make_unique<netif>()), owner_(std::this_thread::get_id()),
       fills_(std::make_shared<FillBook>(port.tx_arena(), &counters_)) {  // before netif_add: link_output reads it
     if (g_stack != nullptr) throw std::logic_error("one softrdma::stack::Stack per process (lwIP is global)");
+    // copy_chain fills each mbuf: the largest frame must fit the port's most mbufs a frame (link_output).
+    const std::uint32_t largest = (large_segments_ ? kLargeSegmentMtu : port.mtu()) + 14u;
+    if ((largest + port.mbuf_data_room() - 1) / port.mbuf_data_room() > port.tx_max_segments())
+        throw std::invalid_argument(port.name() + ": a " + std::to_string(largest) + "-byte frame needs more than " +
+                                    std::to_string(port.tx_max_segments()) + " mbufs of " +
+                                    std::to_string(port.mbuf_data_room()) + " bytes, the most the port sends");
     static bool lwip_ready = false;
     if (!lwip_ready) {
         lwip_init();
@@ -228,8 +234,21 @@ signed char Stack::link_output(netif* nif, pbuf* p) {
     std::uint32_t attached = 0;  // payload bytes sent by reference (the rest of the TCP payload is copied)
     if (chained || !linear) {
         // (a first pbuf too big for one mbuf: lwIP appended our bytes to a segment it copied; copy it all)
-        const bool ok = chained && p->len <= self->port_.mbuf_data_room() ? self->chain_payload(m, p, *arena, attached)
-                                                                           : self->copy_chain(m, p);
+        bool ok = chained && p->len <= self->port_.mbuf_data_room() ? self->chain_payload(m, p, *arena, attached)
+                                                                     : self->copy_chain(m, p);
+        if (ok && m->nb_segs > self->port_.tx_max_segments()) [[unlikely]] {
+            // More mbufs than the port takes in one frame (the memif zero-copy ring, 32 with large frames: a
+            // chunk's piece followed by copied pieces, each split over mbufs of its own): copied whole, which
+            // fills every mbuf (the constructor checks the largest frame fits).
+            rte_pktmbuf_free(m);
+            attached = 0;
+            m = self->port_.alloc();
+            ok = m != nullptr && self->copy_chain(m, p);
+            if (m == nullptr) {
+                ++self->counters_.tx_deferred;
+                return ERR_MEM;
+            }
+        }
         if (!ok) {
             rte_pktmbuf_free(m);
             ++self->counters_.tx_deferred;

@@ -113,8 +113,10 @@ struct StreamSource : TcpConnection::Handler {
     bool fin_sent = false;
     bool remote_closed = false;
     bool waiting = false;         // in retry->waiting
+    bool mixed = false;           // see stream_client
     std::string error;
     static constexpr std::size_t kChunk = 65535;  // tcp_write's largest single call
+    static constexpr std::size_t kRef = 1024;     // mixed: bytes sent from a TX chunk before each copied write
     std::unique_ptr<std::byte[]> chunk = std::make_unique<std::byte[]>(kChunk);
     std::uint64_t chunk_offset = ~0ull;  // stream offset chunk holds the pattern of, and how much
     std::size_t chunk_len = 0;
@@ -130,8 +132,20 @@ struct StreamSource : TcpConnection::Handler {
         }
         while (sent < total) {
             const std::size_t n = std::min<std::uint64_t>(kChunk, total - sent);
-            const std::size_t room = std::min(n, conn->send_space());
+            std::size_t room = std::min(n, conn->send_space());
             if (room == 0) break;  // send buffer full: on_sent() comes when ACKs arrive
+            if (mixed && room > kRef) {  // the first kRef bytes from a TX chunk, by reference
+                const std::span<std::byte> ref = conn->tx_buffer(kRef);
+                if (ref.size() == kRef) {
+                    fill_pattern(seed, sent, ref);
+                    conn->tx_commit(kRef);
+                    const std::size_t pushed = conn->tx_push();
+                    conn->tx_drop_staged();
+                    sent += pushed;
+                    if (pushed < kRef) break;
+                    room -= kRef;
+                }
+            }
             if (chunk_offset != sent || chunk_len < room) {  // a refused write keeps its chunk for the retry
                 fill_pattern(seed, sent, std::span(chunk.get(), room));
                 chunk_offset = sent;
@@ -281,7 +295,7 @@ int stream_server(const PeerConfig& cfg, std::uint64_t bytes, unsigned connectio
     return finish(env, rc);
 }
 
-int stream_client(const PeerConfig& cfg, std::uint64_t bytes, unsigned connections) {
+int stream_client(const PeerConfig& cfg, std::uint64_t bytes, unsigned connections, bool mixed) {
     Env env = start(cfg);
     int rc = 0;
     {
@@ -291,6 +305,7 @@ int stream_client(const PeerConfig& cfg, std::uint64_t bytes, unsigned connectio
             auto s = std::make_unique<StreamSource>();
             s->seed = 1000 + i;
             s->total = bytes;
+            s->mixed = mixed;
             s->retry = &retry;
             s->conn = stack::connect(*env.stack, cfg.peer, cfg.tcp_port, *s, 10s);
             sources.push_back(std::move(s));

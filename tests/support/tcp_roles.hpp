@@ -57,8 +57,10 @@ void enter_netns(const std::string& name);
 // sender's rings and TX queue fill up).
 int stream_server(const PeerConfig& cfg, std::uint64_t bytes, unsigned connections,
                   std::chrono::milliseconds stall = std::chrono::milliseconds(0));
-// Opens `connections` connections to cfg.peer:cfg.tcp_port, sends the streams, closes.
-int stream_client(const PeerConfig& cfg, std::uint64_t bytes, unsigned connections);
+// Opens `connections` connections to cfg.peer:cfg.tcp_port, sends the streams, closes. `mixed`: each write of
+// up to 64 KiB begins with 1 KiB sent by reference from a TX chunk (TcpConnection::tx_buffer) and copies the
+// rest, so that lwIP builds segments of a chunk's piece followed by copied pieces.
+int stream_client(const PeerConfig& cfg, std::uint64_t bytes, unsigned connections, bool mixed = false);
 // Receives one stream with keepalive on (1 s idle, 0.5 s interval, 3 probes); succeeds if the connection
 // ends with "timed out" after the sender vanished. Reports "peer loss detected after S s".
 int dead_peer_detecting_server(const PeerConfig& cfg);

@@ -39,11 +39,12 @@ bool zero_copy_possible() {
     return false;
 }
 
-// The client end: memif zero-copy, `tx_chunks` TX chunks (0: the sizing rule).
-PeerConfig zero_copy_client(const PeerConfig& base, std::uint32_t tx_chunks) {
+// The client end: memif zero-copy, `tx_chunks` TX chunks (0: the sizing rule; none without `tx_arena`).
+PeerConfig zero_copy_client(const PeerConfig& base, std::uint32_t tx_chunks, bool tx_arena = true) {
     PeerConfig cfg = base;
     cfg.port.memif_zero_copy = true;
     cfg.port.tx_chunks = tx_chunks;
+    cfg.port.tx_zero_copy = tx_arena;
     return cfg;
 }
 
@@ -56,8 +57,8 @@ void run_memif_pair(Server server, Client client) {
     check_outcomes(out);
 }
 
-// The exchange, with the client's TX chunks set to `tx_chunks` (0: the sizing rule).
-void exchange(std::uint32_t tx_chunks) {
+// The exchange, with the client's TX chunks as zero_copy_client sets them.
+void exchange(std::uint32_t tx_chunks, bool tx_arena = true) {
     auto server = [](const PeerConfig& cfg) {
         Peer p(cfg, kBytes, kAll);
         if (p.ctx->impl().port().memif_zero_copy()) throw std::runtime_error("the server end reports zero-copy");
@@ -84,8 +85,8 @@ void exchange(std::uint32_t tx_chunks) {
         expect_ok(p.wait_wc(1, kLong));  // the client's last word: it has read everything
         return p.end(0);
     };
-    auto client = [tx_chunks](const PeerConfig& base) {
-        Peer p(zero_copy_client(base, tx_chunks), kBytes, kAll);
+    auto client = [tx_chunks, tx_arena](const PeerConfig& base) {
+        Peer p(zero_copy_client(base, tx_chunks, tx_arena), kBytes, kAll);
         if (!p.ctx->impl().port().memif_zero_copy()) throw std::runtime_error("zero-copy is off");
         p.connect();
         for (int r = 0; r < kRounds; ++r) {
@@ -173,4 +174,11 @@ TEST_CASE("memif zero-copy client out of TX chunks: copied frames of several mbu
         return p.end(0);
     };
     run_memif_pair(server, client);
+}
+
+// No TX chunks (PortConfig::tx_zero_copy off): lwIP copies all the client sends, which leaves in frames of
+// several 2 KiB mbufs, each taking a slot of the zero-copy ring (tests/stack/tcp_test.cpp has the 64 KiB ones).
+TEST_CASE("memif zero-copy client without TX chunks: every frame copied, every byte checked",
+          "[verbs][memif][zero-copy]") {
+    if (zero_copy_possible()) exchange(0, false);
 }
