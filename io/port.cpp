@@ -688,7 +688,7 @@ void Port::tx_faulty(std::span<rte_mbuf*> frames) noexcept {
         for (std::size_t i = 0; i < k; ++i) buf[i] = frames[done + i];
         done += k;
         const std::uint16_t n = tx_faults_->apply(buf, static_cast<std::uint16_t>(k));
-        const std::uint16_t sent = rte_eth_tx_burst(port_id_, 0, buf.data(), n);
+        const std::uint16_t sent = driver_tx(buf.data(), n);
         for (std::uint16_t i = sent; i < n; ++i) rte_pktmbuf_free(buf[i]);
     } while (done < frames.size());
 }

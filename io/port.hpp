@@ -90,23 +90,7 @@ public:
                 tx_busy_.store(false, std::memory_order_release);
                 return static_cast<std::uint16_t>(frames.size());
             }
-            if (!memif_zero_copy_) [[likely]] {
-                n = rte_eth_tx_burst(port_id_, 0, frames.data(), static_cast<std::uint16_t>(frames.size()));
-            } else {
-                // DPDK 22.11's memif zero-copy transmit checks for a free ring slot only before each group of
-                // four frames (eth_memif_tx_zc's unrolled loop, "n_free > 4"), and each further segment of a
-                // frame on its own: with chained frames (ours have 2 or more segments) the group's next frame
-                // can find the ring full, and its first segment then takes the slot of a frame still in flight
-                // before the driver gives up on it. The driver later frees our mbuf from that slot while we
-                // still hold it (a chain cut short: a crash or a truncated frame) and never frees the one it
-                // displaced. Offered at most four at a time, the driver never enters that loop.
-                while (n < frames.size()) {
-                    const auto want = static_cast<std::uint16_t>(std::min<std::size_t>(frames.size() - n, 4));
-                    const std::uint16_t k = rte_eth_tx_burst(port_id_, 0, frames.data() + n, want);
-                    n = static_cast<std::uint16_t>(n + k);
-                    if (k < want) break;
-                }
-            }
+            n = driver_tx(frames.data(), static_cast<std::uint16_t>(frames.size()));
         }
         account_tx(frames, n);
         tx_busy_.store(false, std::memory_order_release);
@@ -220,6 +204,25 @@ private:
     void account_tx(std::span<rte_mbuf* const> frames, std::uint16_t sent) noexcept;
     void capture_tx(std::span<rte_mbuf* const> frames) noexcept;
     std::uint16_t rx_faulty(std::span<rte_mbuf*> out) noexcept;
+    // The driver's transmit. DPDK 22.11's memif zero-copy transmit checks for a free ring slot only before each
+    // group of four frames (eth_memif_tx_zc's unrolled loop, "n_free > 4"), and each further segment of a frame
+    // on its own: with chained frames (ours have 2 or more segments) the group's next frame can find the ring
+    // full, and its first segment then takes the slot of a frame still in flight before the driver gives up on
+    // it. The driver later frees our mbuf from that slot while we still hold it (a chain cut short: a crash or
+    // a truncated frame) and never frees the one it displaced. Offered at most four at a time, the driver never
+    // enters that loop.
+    std::uint16_t driver_tx(rte_mbuf** frames, std::uint16_t count) noexcept {
+        if (!memif_zero_copy_) [[likely]]
+            return rte_eth_tx_burst(port_id_, 0, frames, count);
+        std::uint16_t n = 0;
+        while (n < count) {
+            const auto want = static_cast<std::uint16_t>(std::min<unsigned>(count - n, 4));
+            const std::uint16_t k = rte_eth_tx_burst(port_id_, 0, frames + n, want);
+            n = static_cast<std::uint16_t>(n + k);
+            if (k < want) break;
+        }
+        return n;
+    }
     void tx_faulty(std::span<rte_mbuf*> frames) noexcept;
 
     std::uint16_t port_id_;
