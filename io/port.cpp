@@ -724,7 +724,10 @@ std::unique_ptr<Port> open_port(const PortConfig& cfg, const EalConfig& eal_cfg)
     // hugepages only (the EAL then runs with single-file segments); without them, off, and said.
     bool zero_copy = cfg.backend == Backend::memif && !cfg.memif_server && cfg.memif_zero_copy;
     if (zero_copy && !eal_uses_hugepages(eal_cfg)) {
-        log::warn("memif zero-copy needs hugepages: off for this port (run scripts/setup as root to reserve them)");
+        static std::atomic<bool> said{false};  // (on by default: once a process, not for every port)
+        if (!said.exchange(true))
+            log::info("memif zero-copy needs hugepages: this process's memif client ports copy (scripts/setup, as "
+                      "root, reserves them)");
         zero_copy = false;
     }
     if (g_eal_files_lost)

@@ -301,7 +301,7 @@ def measure_softrdma(a, out):
         try:
             run([exe] + args + ["--mtu", str(a.mtu), "--threading", a.threading, "--json", path,
                                 "--timeout", "10", "--deadline", str(deadline)] +
-                ([] if a.large_segments else ["--mtu-segments"]) + (["--memif-zc"] if a.memif_zc else []),
+                ([] if a.large_segments else ["--mtu-segments"]) + ["--memif-zc" if a.memif_zc else "--memif-copy"],
                 deadline + 15, os.path.join(out, "raw", f"softrdma-{name}.log"))
             test, kind, by_size, rtt = parse_rdma_perf(path)
             res[name] = {"test": test, "kind": kind, "results": by_size, "core_rtt_ns": rtt}
@@ -495,7 +495,8 @@ def render(rows, status, meta):
                  f"load average at start {meta['load_start']:.2f} (end {meta['load_end']:.2f}); "
                  f"{'--quick (short runs)' if meta['quick'] else 'full run'}, MTU {meta['mtu']}" +
                  ("" if meta.get("large_segments", True) else ", softrdma with --mtu-segments (stock perftest without)") +
-                 (", softrdma's client in memif zero-copy mode (--memif-zc)" if meta.get("memif_zc") else ""))
+                 (", softrdma's client in memif zero-copy mode where hugepages allow" if meta.get("memif_zc") else
+                  ", softrdma's client copying through memif's ring (--memif-copy)"))
     if meta["load_start"] > 1.0 or meta["load_end"] > 1.0:
         notes.append("- other work was running on this 2-core machine during the run: figures are noisy")
     if meta.get("core_rtt_ns"):
@@ -612,9 +613,11 @@ def main(argv=None):
     p.add_argument("--mtu-segments", dest="large_segments", action="store_false",
                    help="rdma_perf --mtu-segments: MTU-sized TCP segments instead of large ones (up to 64 KiB on "
                         "memif, ContextConfig::large_segments, the default)")
-    p.add_argument("--memif-zc", action="store_true",
+    p.add_argument("--memif-zc", action="store_true", default=True,
                    help="rdma_perf --memif-zc: its client process in memif's zero-copy mode (PortConfig::memif_zero_copy; "
-                        "needs hugepages)")
+                        "needs hugepages; the default)")
+    p.add_argument("--memif-copy", dest="memif_zc", action="store_false",
+                   help="rdma_perf --memif-copy: its client process copying into and out of memif's ring instead")
     a = p.parse_args(argv)
     a.build = os.path.realpath(os.path.join(top, a.build) if not os.path.isabs(a.build) else a.build)
     if "kernel" not in a.skip and os.geteuid() != 0:

@@ -77,7 +77,9 @@ void usage(const char* argv0) {
         "                      bytes framed in place (ContextConfig::large_segments; the default)\n"
         "  --mtu-segments      MTU-sized TCP segments instead (large_segments off)\n"
         "  --memif-zc          memif: the client end (with --local: the client process) in memif's zero-copy\n"
-        "                      mode: one copy per frame instead of two (PortConfig::memif_zero_copy; hugepages)\n"
+        "                      mode: one copy per frame instead of two (PortConfig::memif_zero_copy; hugepages;\n"
+        "                      the default)\n"
+        "  --memif-copy        memif: the client end copying into and out of memif's ring instead\n"
         "  --layers            after each row, the client's cycles per message by layer (io, lwip, mpa+crc,\n"
         "                      ddp/rdmap, verbs) and its TX copies per payload byte; with rx-thread, its RX\n"
         "                      thread's too (rx io, rx place, rx forward); costs a few ns per message\n"
@@ -205,6 +207,8 @@ bool parse(int argc, char** argv, Options& o, int& exit_code) {
             o.large_segments = false;
         } else if (a == "--memif-zc") {
             o.memif_zero_copy = true;
+        } else if (a == "--memif-copy") {
+            o.memif_zero_copy = false;
         } else if (a == "--layers") {
             o.layers = true;
         } else if (a == "--mtu") {

@@ -78,8 +78,9 @@ struct Options {
     // memif: TCP segments up to 64 KiB (verbs::ContextConfig::large_segments, on by
     // default; --mtu-segments turns it off)
     bool large_segments{verbs::ContextConfig{}.large_segments};
-    // memif: the client end in memif's zero-copy mode (PortConfig::memif_zero_copy; needs hugepages)
-    bool memif_zero_copy{false};
+    // memif: the client end in memif's zero-copy mode (PortConfig::memif_zero_copy, on by default; needs
+    // hugepages; --memif-copy turns it off)
+    bool memif_zero_copy{io::PortConfig{}.memif_zero_copy};
     bool layers{false};  // print where the client's cycles went, by layer (verbs::LayerCycles; rtc only)
     std::string cpu;            // local: "A,B" (server core, client core); server/client: "N"
     std::string json;           // write the run as JSON here

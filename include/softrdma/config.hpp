@@ -97,17 +97,18 @@ struct PortConfig {
     // stays in one buffer: DPDK 22.11's memif does not clear a reused descriptor's chain flag, so a frame
     // chained over several buffers can later glue a one-buffer frame to the next one.
     bool memif_large_frames = false;
-    // memif client only: DPDK memif's zero-copy mode. The client's own mbufs are the ring's buffers: the server
-    // copies a frame straight into an mbuf the client then receives as it is (no copy out of the ring), and
-    // takes what the client sends straight from the client's mbufs and TX chunks (no copy into the ring).
-    // One copy per frame instead of two, in both directions. Needs hugepages (EAL's single-file segments;
-    // without hugepages it stays off and says so). On the zero-copy side payload is framed into TX chunks, not
-    // sent from application memory (memif can only point the peer at DPDK's own memory), and the driver keeps
-    // up to one ring of RX mbufs and one of sent frames while the link is up (the port takes them back when
-    // the link goes down or it closes, which DPDK 22.11 does not). DPDK 22.11's zero-copy client also closes
-    // the EAL's hugepage file descriptors at each handshake; the port puts them back (io/port.cpp). Ignored by
-    // a server (zero-copy is the client's mode; its peer needs nothing).
-    bool memif_zero_copy = false;
+    // memif client only, on by default: DPDK memif's zero-copy mode. The client's own mbufs are the ring's
+    // buffers: the server copies a frame straight into an mbuf the client then receives as it is (no copy out
+    // of the ring), and takes what the client sends straight from the client's mbufs and TX chunks (no copy
+    // into the ring). One copy per frame instead of two, in both directions (README, "memif zero-copy
+    // client"). Needs hugepages (EAL's single-file segments); without them the port copies, and says so once.
+    // On the zero-copy side payload is framed into TX chunks, not sent from application memory (memif can
+    // only point the peer at DPDK's own memory), and the driver keeps up to one ring of RX mbufs and one of
+    // sent frames while the link is up (the port takes them back when the link goes down or it closes, which
+    // DPDK 22.11 does not). DPDK 22.11's zero-copy client also closes the EAL's hugepage file descriptors at
+    // each handshake; the port puts them back (io/port.cpp). Ignored by a server (zero-copy is the client's
+    // mode; its peer needs nothing).
+    bool memif_zero_copy = true;
     // Write every frame sent and received to this pcap file (tshark/Wireshark); empty = off. Debug aid:
     // it costs a buffered file write per frame.
     std::string capture_path;

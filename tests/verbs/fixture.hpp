@@ -79,6 +79,12 @@ inline std::string term_str(const TermCode& c) {
            " ecode=" + std::to_string(c.ecode);
 }
 
+// A memif client that copies through memif's ring instead of the default zero-copy (cases about what the
+// copying client sends from the application's memory: stack::FillBook).
+inline PeerConfig memif_copying(PeerConfig cfg) {
+    cfg.port.memif_zero_copy = false;
+    return cfg;
+}
 
 // One side: context, PD, CQ, QP, a buffer registered as one MR.
 struct Peer {

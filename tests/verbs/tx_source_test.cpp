@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: MIT
 // Payload goes out straight from registered memory (stack::Stack::defer_fill, stack::FillBook; run to completion
-// over memif): each frame, first send or resend, takes it from the application's buffer, and the TX chunk gets
-// it only if the buffer's loan ends before the peer acknowledges it.
+// over memif, the client copying through memif's ring: a zero-copy client frames into TX chunks): each frame,
+// first send or resend, takes it from the application's buffer, and the TX chunk gets it only if the buffer's
+// loan ends before the peer acknowledges it.
 // First case, lone messages: the server's port drops 3 % of what it receives, so TCP resends; the client
 // overwrites each WRITE's source as soon as its completion is polled (before the peer has acknowledged it), so
 // a resend that read the overwritten buffer, or a chunk left unfilled, shows as wrong bytes at the server. The
@@ -90,7 +91,7 @@ TEST_CASE("a lone message is sent and resent from registered memory through 3 % 
         return end_dropping(p);
     };
     auto client = [](const PeerConfig& cfg) {
-        Peer p(cfg, kBytes, kAll);
+        Peer p(memif_copying(cfg), kBytes, kAll);
         p.connect();
         std::uint64_t payload = 0;
         for (int r = 0; r < kRounds; ++r) {
@@ -175,7 +176,7 @@ TEST_CASE("a stream is sent from registered memory, lent until its completion is
         return end_dropping(p);
     };
     auto client = [](const PeerConfig& cfg) {
-        Peer p(cfg, kStreamBytes, kAll);
+        Peer p(memif_copying(cfg), kStreamBytes, kAll);
         // Inline WRITEs of kInline bytes: a QP that takes them.
         verbs::QpCap cap;
         cap.max_send_wr = 16;  // inline buffers reused within the unacknowledged window
