@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 #include "io/faults.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <stdexcept>
@@ -108,6 +109,16 @@ rte_mbuf* FaultInjector::corrupt(rte_mbuf* m) noexcept {
     rte_pktmbuf_mtod(seg, std::uint8_t*)[at] ^= static_cast<std::uint8_t>(1u << (next() % 8));
     bump(counters_.corrupted);
     return m;
+}
+
+void FaultInjector::requeue(std::span<rte_mbuf* const> frames) noexcept {
+    const std::size_t k = std::min(frames.size(), kHeld - count_);
+    for (std::size_t i = frames.size(); i-- > k;) rte_pktmbuf_free(frames[i]);  // the latest: lost, as on a full link
+    for (std::size_t i = k; i-- > 0;) {  // pushed in front, last first
+        head_ = (head_ + kHeld - 1) % kHeld;
+        held_[head_] = Held{frames[i], 0};
+        ++count_;
+    }
 }
 
 bool FaultInjector::hold(rte_mbuf* m, std::uint64_t due) noexcept {

@@ -41,6 +41,9 @@ public:
     // first, then the arrivals less the dropped and held ones, plus duplicates. Returns the count, at most
     // buf.size() (what does not fit stays held, or, for a duplicate, is not made).
     std::uint16_t apply(std::span<rte_mbuf*> buf, std::uint16_t n) noexcept;
+    // Frames the driver refused, in order: held, first out at the next apply() (before those held already);
+    // freed past kHeld.
+    void requeue(std::span<rte_mbuf* const> frames) noexcept;
     // Frames held now.
     std::size_t held() const noexcept { return count_; }
 

@@ -50,8 +50,9 @@ struct FaultRates {
 };
 // Fault injection in io (io/faults.hpp), for tests and soak runs: off by default and then free. Also set by the
 // environment: SOFTRDMA_FAULTS="rx_drop=0.01,tx_corrupt=0.01,delay_us=300,seed=7" ("all=0.01": every rate).
-// With faults on, a TX ring that is full drops frames (TCP resends them) rather than pushing back; a Context
-// with TCP checksums on `automatic` turns them on (a corrupted frame must be caught).
+// With faults on, the port takes every frame sent: those a full TX ring refuses wait in the injector's queue,
+// first out at the next burst (past its 256 they are dropped, and TCP resends them); a Context with TCP
+// checksums on `automatic` turns them on (a corrupted frame must be caught).
 struct FaultConfig {
     FaultRates rx{};
     FaultRates tx{};
