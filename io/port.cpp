@@ -691,6 +691,7 @@ void Port::tx_faulty(std::span<rte_mbuf*> frames) noexcept {
         const std::uint16_t sent = driver_tx(buf.data(), n);
         // A full ring: what it refused waits for the next burst (a memif zero-copy ring of 32 slots takes a
         // 64 KiB frame of 2 KiB mbufs only when empty; dropping each refusal turned a slow peer into heavy loss).
+        // Ownership: the refused frames are the injector's from here (it sends or frees them).
         tx_faults_->requeue(std::span<rte_mbuf* const>(buf.data() + sent, n - sent));
     } while (done < frames.size());
 }

@@ -240,14 +240,13 @@ signed char Stack::link_output(netif* nif, pbuf* p) {
             // More mbufs than the port takes in one frame (the memif zero-copy ring, 32 with large frames: a
             // chunk's piece followed by copied pieces, each split over mbufs of its own): copied whole, which
             // fills every mbuf (the constructor checks the largest frame fits).
-            rte_pktmbuf_free(m);
+            rte_pktmbuf_free(m);  // the chain and its chunk references
             attached = 0;
-            m = self->port_.alloc();
-            ok = m != nullptr && self->copy_chain(m, p);
-            if (m == nullptr) {
+            if ((m = self->port_.alloc()) == nullptr) {
                 ++self->counters_.tx_deferred;
                 return ERR_MEM;
             }
+            ok = self->copy_chain(m, p);
         }
         if (!ok) {
             rte_pktmbuf_free(m);
