@@ -48,6 +48,33 @@ def log(msg):
     print("[interop %s] %s" % (time.strftime("%H:%M:%S"), msg), flush=True)
 
 
+def apt_versions(package):
+    """The versions of a binary package the apt lists offer (apt-cache madison; its source lines left out)."""
+    r = subprocess.run(["apt-cache", "madison", package], capture_output=True, text=True)
+    return {f[1].strip() for f in (l.split("|") for l in r.stdout.splitlines())
+            if len(f) >= 3 and f[0].strip() == package and f[2].strip().endswith("Packages")}
+
+
+def consistent_kernel():
+    """The newest linux-image-6.1.0-N-amd64 whose version (the first `apt-cache show` lists, as ../shared/siw-vm's
+    build.sh takes it) comes with linux-source-6.1, linux-kbuild-6.1 and both of its headers packages at that same
+    version, which build.sh needs to compile siw.ko; None when there is none."""
+    r = subprocess.run(["apt-cache", "pkgnames", "linux-image-6.1.0-"], capture_output=True, text=True)
+    abis = sorted((int(m.group(1)) for m in (re.fullmatch(r"linux-image-6\.1\.0-(\d+)-amd64", l.strip())
+                                             for l in r.stdout.splitlines()) if m), reverse=True)
+    for n in abis:
+        image = "linux-image-6.1.0-%d-amd64" % n
+        show = subprocess.run(["apt-cache", "show", image], capture_output=True, text=True).stdout
+        m = re.search(r"^Version: (\S+)", show, re.M)
+        if m is None:
+            continue
+        need = ("linux-source-6.1", "linux-kbuild-6.1", "linux-headers-6.1.0-%d-amd64" % n,
+                "linux-headers-6.1.0-%d-common" % n)
+        if all(m.group(1) in apt_versions(p) for p in need):
+            return image
+    return None
+
+
 class Lab:
     """The namespace, the VMs, the capture and our processes; down() removes all of it."""
 
@@ -519,6 +546,14 @@ def main():
     if not (os.path.exists(os.path.join(out, "vmlinuz")) and os.path.exists(os.path.join(out, "initramfs.cpio.gz"))):
         log("building the siw VM image (once; cached in %s)" % cache)
         r = subprocess.run([os.path.join(siwvm, "build.sh")], capture_output=True, text=True)
+        alt = consistent_kernel() if r.returncode != 0 else None
+        if alt is not None and alt != os.environ.get("SIWVM_KPKG"):
+            # Between two kernel uploads the archive can hold the image linux-image-amd64 names without the
+            # linux-kbuild or linux-source of its version (superseded by the next upload): build.sh cannot compile
+            # siw.ko for it. Any 6.1 kernel serves as the siw peer: take the newest whose inputs are all there.
+            log("the default kernel's build inputs are incomplete in the archive; building with %s instead" % alt)
+            r = subprocess.run([os.path.join(siwvm, "build.sh")], capture_output=True, text=True,
+                               env=dict(os.environ, SIWVM_KPKG=alt))
         if r.returncode != 0:
             print("FAIL: building the siw VM image failed:\n" + (r.stdout + r.stderr)[-4000:])
             return 1
