@@ -508,7 +508,7 @@ def main():
             line = "error %s" % e
             rc = 1
         print("hostile %s: %s [%.2f s]" % (c, line, time.time() - t0), flush=True)
-        time.sleep(0.1)
+        time.sleep(0.02)
     return rc
 
 
