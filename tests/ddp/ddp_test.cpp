@@ -1,17 +1,19 @@
 // SPDX-License-Identifier: MIT
 // DDP (RFC 5041): header round trips, control word, segmentation at MULPDU boundaries, strict untagged
-// reassembly checks, tagged continuity, and the placement loop's bounds.
+// reassembly checks, tagged continuity, the placement loop's bounds, and the layers' result type (ProtoStatus).
 #include <catch2/catch.hpp>
 
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "ddp/header.hpp"
 #include "ddp/reassembly.hpp"
 #include "ddp/segment.hpp"
 #include "base/byteorder.hpp"
+#include "base/term_code.hpp"
 
 using namespace softrdma;
 using namespace softrdma::ddp;
@@ -33,6 +35,35 @@ TEST_CASE("big-endian accessors", "[ddp]") {
     CHECK(load_be32(b, 4) == 0x05060708u);
     store_be16(b, 2, 0xBEEF);
     CHECK(load_be16(b, 2) == 0xBEEF);
+}
+
+// Every layer's checks return ProtoStatus (base/term_code.hpp): one 32-bit word standing in for
+// std::optional<TermCode>. Every cause must come back as it went in, and none may read as success.
+TEST_CASE("ProtoStatus keeps every TERMINATE cause and success apart, as std::optional<TermCode> does", "[ddp]") {
+    const ProtoStatus ok = std::nullopt;
+    CHECK_FALSE(ok);
+    CHECK_FALSE(ok.has_value());
+    CHECK(ok == std::nullopt);
+    CHECK(ok == ProtoStatus{});
+    CHECK_FALSE(std::optional<TermCode>(ok).has_value());
+    CHECK(ProtoStatus(std::optional<TermCode>{}) == ok);
+    std::size_t kept = 0;
+    for (unsigned layer = 0; layer < 3; ++layer)
+        for (unsigned etype = 0; etype < 16; ++etype)
+            for (unsigned ecode = 0; ecode < 256; ++ecode) {
+                const TermCode t{static_cast<TermLayer>(layer), static_cast<std::uint8_t>(etype),
+                                 static_cast<std::uint8_t>(ecode)};
+                const ProtoStatus s = t;
+                const std::optional<TermCode> o = s;
+                const bool good = s.has_value() && static_cast<bool>(s) && *s == t && s.value() == t &&
+                                  s->layer == t.layer && s->etype == t.etype && s->ecode == t.ecode && s == t &&
+                                  s != ok && !(s == std::nullopt) && o == t && ProtoStatus(o) == s;
+                if (!good) FAIL_CHECK("layer " << layer << " etype " << etype << " ecode " << ecode);
+                kept += good ? 1 : 0;
+            }
+    CHECK(kept == 3u * 16u * 256u);
+    CHECK(ProtoStatus(TermCode{TermLayer::rdmap, 0, 0}) != ProtoStatus(TermCode{TermLayer::ddp, 0, 0}));
+    CHECK(ProtoStatus(TermCode{TermLayer::ddp, 1, 2}) != ProtoStatus(TermCode{TermLayer::ddp, 2, 1}));
 }
 
 TEST_CASE("control word masks", "[ddp]") {
