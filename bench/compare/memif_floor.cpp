@@ -121,7 +121,10 @@ io::PortConfig port_config(const std::string& socket, bool server, std::uint16_t
     p.memif_socket = socket;
     p.memif_server = server;
     p.mtu = mtu;
-    p.mbufs = 4095;  // rx + tx descriptors (2048) + one burst in flight + caches: 4095 is ample
+    // mbufs: io::Port's sizing rule (0). A pool of 4095 set here was ample until the memif client went
+    // zero-copy by default (2026-11-28): its driver then keeps a ring of RX mbufs lent to the peer and a ring
+    // of sent frames (io::Port::driver_held(), 2 x 2048), the whole pool; the pinger's stream stopped after a
+    // ring's worth of frames and its end frame found no mbuf ("stream end not sent", scripts/compare's floor).
     return p;
 }
 
