@@ -28,11 +28,6 @@ public:
     constexpr ProtoStatus(std::nullopt_t) noexcept {}  // NOLINT: implicit, as std::optional's
     constexpr ProtoStatus(TermCode t) noexcept  // NOLINT: implicit, as std::optional's
         : bits_(kSet | static_cast<std::uint32_t>(t.layer) << 16 | std::uint32_t{t.etype} << 8 | t.ecode) {}
-    constexpr ProtoStatus(const std::optional<TermCode>& t) noexcept  // NOLINT
-        : ProtoStatus(t ? ProtoStatus(*t) : ProtoStatus()) {}
-    constexpr operator std::optional<TermCode>() const noexcept {  // NOLINT
-        return has_value() ? std::optional<TermCode>(**this) : std::nullopt;
-    }
 
     constexpr bool has_value() const noexcept { return bits_ != 0; }
     constexpr explicit operator bool() const noexcept { return bits_ != 0; }

@@ -67,7 +67,7 @@ public:
     State state() const {
         return tx_.state() == State::error || rx_.state() == State::error ? State::error : State::operational;
     }
-    const std::optional<TermCode>& error() const { return rx_.error() ? rx_.error() : tx_.error(); }
+    const ProtoStatus& error() const { return rx_.error() ? rx_.error() : tx_.error(); }
     std::uint32_t orq_outstanding() const { return tx_.orq_outstanding(); }
     std::uint32_t irq_outstanding() const { return tx_.irq_outstanding(); }  // held by tx until answered
     std::uint64_t placed_bytes() const { return rx_.placed_bytes(); }

@@ -85,7 +85,7 @@ Endpoint::Endpoint(Role role, Upper& upper, Framer& framer, Config cfg)
 
 
 TermCode Endpoint::fail(TermCode cause, std::span<const std::byte> hdr, std::size_t seg_len) {
-    if (state_ == State::error) return error_.value_or(cause);
+    if (state_ == State::error) return error_ ? *error_ : cause;
     if (held_recv_) deliver_held();  // that SEND arrived whole before the error
     state_ = State::error;
     const bool tagged_msg = hdr.size() >= 2 && ddp::ctrl_tagged(load_be16(hdr, 0));

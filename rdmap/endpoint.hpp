@@ -144,7 +144,7 @@ public:
     void stop(TermCode code);
 
     State state() const { return state_; }
-    const std::optional<TermCode>& error() const { return error_; }
+    const ProtoStatus& error() const { return error_; }
     std::uint32_t orq_outstanding() const;
     std::uint32_t irq_outstanding() const;
     // Role rx, at the start of each input (rdmap::receive): takes the tx side's `answered` count once, so every
@@ -241,7 +241,7 @@ private:
     Framer& framer_;
     Config cfg_;
     State state_{State::operational};
-    std::optional<TermCode> error_{};
+    ProtoStatus error_{};
 
     // TX
     Ring<WorkRequest> sq_;   // sized by cfg.sq_depth

@@ -180,7 +180,7 @@ Conn::~Conn() {
 void Conn::close_for_context() noexcept {
     draining_ = false;
     guarding_ = false;
-    deferred_term_.reset();
+    deferred_term_ = std::nullopt;
     if (phase_ == Phase::closed) return;  // ended in order: its FIN goes out while the Context lingers
     take_back_tcp();
     if (tcp_) tcp_->abort();  // RST: the application let go of the Context with this connection in use
@@ -632,7 +632,7 @@ void Conn::service(mpa::Clock::time_point now) {
     if (guarding_) guard_first_fpdu(now);
     if (deferred_term_ && now >= deferred_until_) {  // rtr_before_terminate(): the RTR has had its time
         const TermCode code = *deferred_term_;
-        deferred_term_.reset();
+        deferred_term_ = std::nullopt;
         guarding_ = false;
         if (phase_ == Phase::rdma && qp_ != nullptr) qp_->fail_stream(code);
     }

@@ -145,7 +145,7 @@ private:
     std::uint16_t port_{0};
     mpa::Clock::time_point retry_until_{};
     std::optional<mpa::Clock::time_point> retry_at_;
-    std::optional<TermCode> deferred_term_;  // rtr_before_terminate(): the TERMINATE, due at deferred_until_
+    ProtoStatus deferred_term_;  // rtr_before_terminate(): the TERMINATE, due at deferred_until_
     mpa::Clock::time_point deferred_until_{};
     std::optional<std::pair<CmEventType, std::string>> fail_event_;  // its event, given when it is out
     // Dead-peer detection (ConnParam::liveness of our side): keepalive is lwIP's; the user timeout is timed

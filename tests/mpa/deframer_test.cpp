@@ -44,7 +44,7 @@ struct Recorder {
     std::size_t header_calls = 0, payload_calls = 0;
     const std::byte* in_lo = nullptr;
     const std::byte* in_hi = nullptr;
-    std::optional<TermCode> invalid_ctrl_error;
+    ProtoStatus invalid_ctrl_error;
 
     std::size_t ulpdu_header_length(std::uint16_t ctrl) { return test_header_length(ctrl); }
     ProtoStatus on_ulpdu_header(std::span<const std::byte> h, std::size_t n) {
