@@ -196,8 +196,8 @@ signed char Stack::netif_init(netif* nif) {
 //  - copy: the whole frame into one mbuf (control frames, data lwIP copied, or a port without an arena).
 // Back-pressure, not loss: with no mbuf, or the TX queue still full after a flush (the peer drains its ring
 // slower than we fill it: a 1024-connection burst), return ERR_MEM. lwIP's tcp_output then keeps the segment
-// at the head of pcb->unsent (TF_NAGLEMEMERR; tcp_fasttmr or our next flush sends it again), and an ACK keeps
-// TF_ACK_NOW, so nothing is lost. Dropping it instead (ERR_OK) would leave a hole only a retransmission timeout
+// at the head of pcb->unsent (TF_NAGLEMEMERR; tcp_fasttmr or our next flush sends it again), and an ACK stays
+// owed (TF_ACK_NOW: resend_refused_acks sends it again), so nothing is lost. Dropping it instead (ERR_OK) would leave a hole only a retransmission timeout
 // fills, with the timeout doubling on every repeat until the connection's user timeout kills it.
 signed char Stack::link_output(netif* nif, pbuf* p) {
     auto* self = static_cast<Stack*>(nif->state);
@@ -555,18 +555,32 @@ void Stack::flush_tx_inner() noexcept {
     }
 }
 
-// lwIP's fast timer resends a refused ACK (TF_ACK_NOW still set) for active pcbs only. A pcb that entered
-// TIME_WAIT while link_output refused its ACK of the peer's FIN (ERR_MEM: the TX queue full) would leave the
-// peer in LAST_ACK resending its FIN on a backed-off timer, and, if we purge TIME_WAIT or go away first, with a
-// connection that never ends. Resend those ACKs here, once a millisecond, only after a refusal.
-void Stack::retry_time_wait_acks() noexcept {
+// Refused ACKs. When link_output refuses a pure ACK (ERR_MEM: the TX queue full behind a full ring, or no
+// mbuf), lwIP's tcp_send_empty_ack marks it owed (TF_ACK_NOW | TF_ACK_DELAY) for its fast timer. That timer
+// looks at active pcbs only, and after its one attempt clears both flags whether the ACK went out or not: a
+// second refusal loses it. A lost ACK is repaired only by the peer resending, and when it acknowledged the
+// peer's FIN, the peer sits in CLOSING or LAST_ACK resending that FIN on a backed-off timer, to a TIME_WAIT
+// that may be purged by then or a process that is gone (1024 QPs closing at once under TSan: 3 to 12 client
+// connections never closed, a CI failure). So before lwIP's timers run (once a millisecond), while frames are
+// refused or waiting for the ring, every owed ACK (TF_ACK_NOW) and every delayed one (TF_ACK_DELAY: the fast
+// timer's own attempt could be refused) of active and TIME_WAIT pcbs is sent here; one still refused keeps
+// TF_ACK_NOW without TF_ACK_DELAY, out of the fast timer's reach, for the next pass. (Left to lwIP: an ACK
+// refused inside the timers while this pass found nothing owed: more delayed ACKs at one tick than the TX
+// queue's 1024 frames, with the ring full.) Cost: nothing while the ring takes every frame; a walk of the pcb
+// lists once a millisecond while it does not.
+void Stack::resend_refused_acks() noexcept {
     bool owed = false;
-    for (tcp_pcb* p = tcp_tw_pcbs; p != nullptr; p = p->next) {
-        if ((p->flags & TF_ACK_NOW) == 0) continue;
-        tcp_output(p);
-        owed = owed || (p->flags & TF_ACK_NOW) != 0;
-    }
-    if (!owed) tw_deferred_seen_ = counters_.tx_deferred;
+    for (tcp_pcb* list : {tcp_active_pcbs, tcp_tw_pcbs})
+        for (tcp_pcb* p = list; p != nullptr; p = p->next) {
+            if ((p->flags & (TF_ACK_NOW | TF_ACK_DELAY)) == 0) continue;
+            tcp_ack_now(p);
+            tcp_output(p);
+            if ((p->flags & TF_ACK_NOW) != 0) {
+                tcp_clear_flags(p, TF_ACK_DELAY);
+                owed = true;
+            }
+        }
+    if (!owed) refusals_seen_ = counters_.tx_deferred;
 }
 
 // lwIP 2.1.3 can strand a segment when a retransmission timeout follows a fast retransmit that the peer's
@@ -728,9 +742,9 @@ unsigned Stack::poll() noexcept {
     if (tsc >= next_timer_tsc_) {
         next_timer_tsc_ = tsc + tsc_per_ms_;
         if (fills_->pending() && any_persisting()) fills_->settle();
+        if (counters_.tx_deferred != refusals_seen_ || tx_head_ != tx_tail_) resend_refused_acks();
         sys_check_timeouts();
         reorder_unsent();
-        if (counters_.tx_deferred != tw_deferred_seen_) retry_time_wait_acks();
     }
     flush_tx_inner();
     timed_ = false;

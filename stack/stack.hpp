@@ -222,7 +222,7 @@ private:
     void input(rte_mbuf* m) noexcept;
     void deliver(pbuf* p) noexcept;
     void drop_tx_queue() noexcept;
-    void retry_time_wait_acks() noexcept;
+    void resend_refused_acks() noexcept;
     void reorder_unsent() noexcept;
 
     io::Port& port_;
@@ -242,7 +242,7 @@ private:
     rte_mbuf* tx_queue_[kTxQueue] = {};
     unsigned tx_head_ = 0;  // next frame to hand to the driver
     unsigned tx_tail_ = 0;  // one past the last queued frame (tx_head_ <= tx_tail_ <= kTxQueue)
-    std::uint64_t tw_deferred_seen_ = 0;  // counters_.tx_deferred when no TIME_WAIT pcb still owed an ACK
+    std::uint64_t refusals_seen_ = 0;  // counters_.tx_deferred when no pcb still owed a refused ACK
     StackCounters counters_;
     StackCycles cycles_;
     void flush_tx_inner() noexcept;
