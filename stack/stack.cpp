@@ -197,8 +197,9 @@ signed char Stack::netif_init(netif* nif) {
 // Back-pressure, not loss: with no mbuf, or the TX queue still full after a flush (the peer drains its ring
 // slower than we fill it: a 1024-connection burst), return ERR_MEM. lwIP's tcp_output then keeps the segment
 // at the head of pcb->unsent (TF_NAGLEMEMERR; tcp_fasttmr or our next flush sends it again), and an ACK stays
-// owed (TF_ACK_NOW: resend_refused_acks sends it again), so nothing is lost. Dropping it instead (ERR_OK) would leave a hole only a retransmission timeout
-// fills, with the timeout doubling on every repeat until the connection's user timeout kills it.
+// owed (TF_ACK_NOW: resend_refused_acks sends it again), so nothing is lost. Dropping it instead (ERR_OK)
+// would leave a hole only a retransmission timeout fills, with the timeout doubling on every repeat until the
+// connection's user timeout kills it.
 signed char Stack::link_output(netif* nif, pbuf* p) {
     auto* self = static_cast<Stack*>(nif->state);
     io::TxArena* arena = self->port_.tx_arena();
