@@ -122,12 +122,13 @@ void RxThread::stop() noexcept {
         for (unsigned i = 0; i < f.nheld; ++i) rte_pktmbuf_free(f.held[i]);
         f.nheld = 0;
     }
+    held_.store(0, std::memory_order_relaxed);
 }
 
 RxCounters RxThread::counters() const noexcept {
     constexpr auto r = std::memory_order_relaxed;
     return RxCounters{frames_.load(r), bytes_copied_.load(r), tcp_copied_.load(r), tcp_placed_.load(r),
-                      dropped_.load(r), ooo_.load(r), stalled_.load(r), lcore_.load(r),
+                      dropped_.load(r), ooo_.load(r), stalled_.load(r), held_.load(r), lcore_.load(r),
                       cyc_io_.load(r), cyc_place_.load(r), cyc_forward_.load(r)};
 }
 
@@ -234,12 +235,14 @@ void RxThread::do_commands() noexcept {
             f.state = Flow::State::place;
             const unsigned n = f.nheld;
             f.nheld = 0;
+            sub(held_, n);
             for (unsigned i = 0; i < n; ++i) process(f.held[i]);  // in arrival order, now placed
             break;
         }
         case Cmd::Op::remove:
             if (f.state == Flow::State::place) ooo_held_ -= f.nheld;
             for (unsigned i = 0; i < f.nheld; ++i) rte_pktmbuf_free(f.held[i]);  // held: ours, never acknowledged
+            sub(held_, f.nheld);
             f.nheld = 0;
             if (f.state != Flow::State::unused) index_erase(f.key);
             f = Flow{};
@@ -344,6 +347,7 @@ void RxThread::process(rte_mbuf* m) noexcept {
     case Flow::State::hold:
         if (fl->nheld < kHeld) {
             fl->held[fl->nheld++] = m;  // ownership: the flow's, until go() or remove()
+            add(held_, 1);
             return;
         }
         add(dropped_, 1);  // never acknowledged: the peer resends it
@@ -355,6 +359,7 @@ void RxThread::process(rte_mbuf* m) noexcept {
             if (m->nb_segs == 1 && fl->nheld < kHeld && ooo_held_ < ooo_cap_) {
                 fl->held[fl->nheld++] = m;  // ownership: the flow's, until placed (place_held) or remove()
                 ++ooo_held_;
+                add(held_, 1);
                 return;
             }
         } else if (free_.read_available() == 0) {
@@ -401,6 +406,7 @@ void RxThread::place_held(Flow& fl, std::uint16_t id) noexcept {
         }
         rte_pktmbuf_free(h);
         --ooo_held_;
+        sub(held_, 1);
         fl.held[i] = fl.held[--fl.nheld];
         i = 0;  // rcv_nxt moved: look at all again
     }

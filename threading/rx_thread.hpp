@@ -198,6 +198,9 @@ private:
     static void add(std::atomic<std::uint64_t>& c, std::uint64_t n) noexcept {
         c.store(c.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);  // one writer: no RMW
     }
+    static void sub(std::atomic<std::uint64_t>& c, std::uint64_t n) noexcept {
+        c.store(c.load(std::memory_order_relaxed) - n, std::memory_order_relaxed);
+    }
 
     io::Port& port_;
     ThreadingConfig cfg_;
@@ -233,7 +236,7 @@ private:
     // Written by the RX thread only (relaxed); read by anyone.
     unsigned ooo_held_{0};  // frames kept after a hole, all flows (RX thread only)
     std::atomic<std::uint64_t> frames_{0}, bytes_copied_{0}, tcp_copied_{0}, tcp_placed_{0}, dropped_{0}, ooo_{0},
-        stalled_{0}, cyc_io_{0}, cyc_place_{0}, cyc_forward_{0};
+        stalled_{0}, held_{0}, cyc_io_{0}, cyc_place_{0}, cyc_forward_{0};
     std::thread thread_;
 };
 

@@ -54,6 +54,8 @@ struct RxThreadCounters {
     std::uint64_t dropped = 0;             // oversize frames, bad checksums, held frames beyond the bound
     std::uint64_t out_of_order = 0;        // handed-over or watched segments after a gap (payload dropped)
     std::uint64_t stalled_turns = 0;       // turns without polling: no free slot
+    std::uint64_t held = 0;                // mbufs held right now (frames of a flow being handed over, or
+                                           // after a hole), not counters: back to 0 once flows are removed
     // The DPDK lcore the RX thread registered as (rte_thread_register: its own mempool caches), -1 if DPDK
     // gave it none (all RTE_MAX_LCORE ids taken, or multi-process in use): it then frees and allocates mbufs
     // through the pools' shared rings.
