@@ -16,8 +16,8 @@
 // and the records are dropped unsettled when the Stack ends (detach()).
 //
 // Shared (shared_ptr) between the Stack and the completion queues of its Context, which may outlive it: after
-// detach() the book is empty and stays so. Threads: the Stack's thread only (the application's, run to
-// completion; the book is off with the RX thread). Memory: a fixed ring; nothing allocates.
+// detach() the book is empty and stays so. Threads: the Stack's thread only (the application's, in both
+// threading modes: the RX thread never transmits). Memory: a fixed ring; nothing allocates.
 #pragma once
 
 #include <array>
