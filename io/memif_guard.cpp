@@ -25,16 +25,19 @@
 // releases it, so that the interrupt thread alone runs memif_disconnect, waits until that is over (settled()),
 // and only then stops and closes the port, whose own memif_disconnect then finds nothing left to free.
 //
-// Debian ships no driver headers, so the few leading fields read here are declared below, for DPDK 22.11
-// only; attach() checks several of them against what we configured before anything relies on them.
-// rte_intr_fd_get() is still marked experimental in 22.11.
+// The driver's private state read here is declared in io/memif_layout.hpp (DPDK 22.11 only; attach() checks
+// it against what we configured). rte_intr_fd_get() is still marked experimental in 22.11.
 #define ALLOW_EXPERIMENTAL_API
 #include "io/memif_guard.hpp"
+#include "io/memif_layout.hpp"
 
 #include <sys/socket.h>
 
+#include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstring>
+#include <iterator>
 
 #include <rte_ethdev.h>
 #include <rte_malloc.h>
@@ -43,90 +46,8 @@
 #include <rte_spinlock.h>
 #include <rte_version.h>
 
-// Exported by librte_ethdev for drivers (ethdev_driver.h, not installed): the device of a port, by name.
-extern "C" struct rte_eth_dev* rte_eth_dev_allocated(const char* name);
-
 namespace softrdma::io::detail {
 namespace {
-
-constexpr bool kKnownDpdk = RTE_VERSION >= RTE_VERSION_NUM(22, 11, 0, 0) && RTE_VERSION < RTE_VERSION_NUM(22, 12, 0, 0);
-
-// Leading fields of DPDK 22.11's struct rte_eth_dev (lib/ethdev/ethdev_driver.h).
-struct EthDevHead {
-    void* fast_path[6];  // rx_pkt_burst, tx_pkt_burst, tx_pkt_prepare, rx_queue_count, rx/tx_descriptor_status
-    struct EthDevDataHead* data;
-    void* process_private;  // memif: struct pmd_process_private
-};
-// Leading fields of struct rte_eth_dev_data (same header).
-struct EthDevDataHead {
-    char name[RTE_ETH_NAME_MAX_LEN];
-    void** rx_queues;
-    void** tx_queues;
-    std::uint16_t nb_rx_queues;
-    std::uint16_t nb_tx_queues;
-    rte_eth_dev_sriov sriov;
-    void* dev_private;
-};
-// Leading field of memif's struct memif_control_channel (drivers/net/memif/memif_socket.h).
-struct MemifChannelHead {
-    rte_intr_handle* intr_handle;
-};
-// Leading fields of memif's struct pmd_internals (drivers/net/memif/rte_eth_memif.h).
-struct MemifRunParams {
-    std::uint8_t log2_ring_size;
-    std::uint8_t num_c2s_rings;
-    std::uint8_t num_s2c_rings;
-    std::uint16_t pkt_buffer_size;
-};
-struct MemifPmdHead {
-    std::uint32_t id;
-    int role;  // 0 server, 1 client
-    std::uint32_t flags;
-    char* socket_filename;
-    char secret[24];
-    MemifChannelHead* cc;
-    rte_spinlock_t cc_lock;
-    char remote_name[RTE_DEV_NAME_MAX_LEN];
-    char remote_if_name[RTE_DEV_NAME_MAX_LEN];
-    MemifRunParams cfg;  // configured maxima
-    MemifRunParams run;  // of the current connection; zeroed at the end of memif_disconnect
-};
-// memif's struct memif_queue (rte_eth_memif.h), up to the ring size. A zero-copy client keeps in `buffers` the
-// mbufs it lent the server: RX buffers posted to the ring, and sent frames (one slot per segment), from
-// last_tail up to the ring's head, which only the client writes.
-struct MemifQueue {
-    rte_mempool* mempool;
-    void* pmd;
-    int type;  // memif_ring_type_t: 0 client-to-server, 1 server-to-client
-    std::uint16_t region;
-    std::uint16_t in_port;
-    std::uint32_t ring_offset;
-    std::uint16_t last_head;
-    std::uint16_t last_tail;
-    rte_mbuf** buffers;
-    std::uint64_t n_pkts;
-    std::uint64_t n_bytes;
-    rte_intr_handle* intr_handle;
-    std::uint8_t log2_ring_size;
-};
-static_assert(offsetof(MemifQueue, buffers) == 32 && offsetof(MemifQueue, log2_ring_size) == 64);
-// memif's struct memif_region and struct pmd_process_private (rte_eth_memif.h): region 0 holds the rings.
-struct MemifRegionHead {
-    void* addr;
-};
-struct MemifProcessPrivate {
-    MemifRegionHead* regions[256];
-    std::uint16_t regions_num;
-};
-// memif_ring_t (memif.h): head in the first cache line, tail in the second.
-struct MemifRingHead {
-    std::uint32_t cookie;
-    std::uint16_t flags;
-    std::uint16_t head;
-};
-constexpr std::uint32_t kFlagDisabled = 1u << 3;  // refuses connection requests
-constexpr std::uint32_t kFlagZeroCopy = 1u << 2;
-constexpr std::uint32_t kKnownFlags = 0x1f;
 
 MemifPmdHead* pmd(void* p) { return static_cast<MemifPmdHead*>(p); }
 
@@ -254,6 +175,283 @@ std::string MemifGuard::describe() const {
            ", flags " + std::to_string(__atomic_load_n(&p->flags, __ATOMIC_ACQUIRE)) + ", rings " +
            std::to_string(p->run.num_c2s_rings) + "/" + std::to_string(p->run.num_s2c_rings) + ", lock " +
            (p->cc_lock.locked ? "taken" : "free") + (held_ ? " (by us)" : "");
+}
+
+}  // namespace softrdma::io::detail
+
+// ---- a memif server's own receive and transmit ------------------------------------------------------------
+
+namespace softrdma::io::detail {
+namespace {
+
+constexpr int kRingClientToServer = 0;  // memif_ring_type_t
+constexpr int kRingServerToClient = 1;
+
+constexpr unsigned kMaxLog2Ring = 14;  // ETH_MEMIF_MAX_LOG2_RING_SIZE
+
+// The queue's ring, null before a connection maps the regions (the driver returns 0 then too). The client
+// chose its region, offset and size (memif's ADD_RING message, taken as sent): a ring that does not fit in
+// that region is null too, with `misplaced` set.
+MemifRingHead* ring_of(const MemifProcessPrivate* pp, const MemifQueue* q, bool& misplaced) noexcept {
+    misplaced = false;
+    if (q->region >= pp->regions_num || q->region >= std::size(pp->regions) || pp->regions[q->region] == nullptr)
+        return nullptr;
+    const MemifRegionHead* r = pp->regions[q->region];
+    if (r->addr == nullptr) return nullptr;
+    if (q->log2_ring_size > kMaxLog2Ring ||
+        std::uint64_t{q->ring_offset} + 2 * RTE_CACHE_LINE_SIZE + (sizeof(MemifDesc) << q->log2_ring_size) > r->region_size) {
+        misplaced = true;
+        return nullptr;
+    }
+    return reinterpret_cast<MemifRingHead*>(static_cast<std::byte*>(r->addr) + q->ring_offset);
+}
+
+// The `len` bytes a descriptor names, if they lie inside one of the client's regions; else null.
+std::byte* buffer_of(const MemifProcessPrivate* pp, const MemifDesc& d, std::uint32_t len) noexcept {
+    if (d.region >= pp->regions_num || d.region >= std::size(pp->regions)) return nullptr;
+    const MemifRegionHead* r = pp->regions[d.region];
+    if (r == nullptr || r->addr == nullptr || std::uint64_t{d.offset} + len > r->region_size) return nullptr;
+    return static_cast<std::byte*>(r->addr) + d.offset;
+}
+
+// A descriptor as read once from shared memory: the client may rewrite it at any time, so everything checked
+// and used is this copy.
+MemifDesc read_desc(const MemifDesc* ring_descs, std::uint16_t slot, std::uint16_t mask) noexcept {
+    MemifDesc d;
+    std::memcpy(&d, &ring_descs[slot & mask], sizeof d);
+    return d;
+}
+
+}  // namespace
+
+bool MemifServerPath::attach(std::uint16_t port_id, const std::string& name, std::string& why) {
+    const auto* dev = reinterpret_cast<const EthDevHead*>(rte_eth_dev_allocated(name.c_str()));
+    const EthDevDataHead* data = dev != nullptr ? dev->data : nullptr;
+    auto* p = data != nullptr ? static_cast<MemifPmdHead*>(data->dev_private) : nullptr;
+    if (p == nullptr || p->role != 0 || data->nb_rx_queues != 1 || data->nb_tx_queues != 1 ||
+        dev->process_private == nullptr) {
+        why = name + " is not a memif server with one queue each way";
+        return false;
+    }
+    auto* rxq = static_cast<MemifQueue*>(data->rx_queues[0]);
+    auto* txq = static_cast<MemifQueue*>(data->tx_queues[0]);
+    if (rxq == nullptr || txq == nullptr || rxq->in_port != port_id || txq->in_port != port_id ||
+        rxq->type != kRingClientToServer || txq->type != kRingServerToClient || rxq->mempool == nullptr) {
+        why = "memif's server queues of " + name + " do not have the expected layout";
+        return false;
+    }
+    port_id_ = port_id;
+    pmd_ = p;
+    process_private_ = dev->process_private;
+    rxq_ = rxq;
+    txq_ = txq;
+    return true;
+}
+
+// What eth_memif_rx does for a server (client-to-server ring: the client advances head, we advance tail), with
+// every descriptor checked first and a frame taken only when all of it is there and copied.
+std::uint16_t MemifServerPath::rx(rte_mbuf** out, std::uint16_t want) noexcept {
+    if ((__atomic_load_n(&static_cast<MemifPmdHead*>(pmd_)->flags, __ATOMIC_ACQUIRE) & kFlagConnected) == 0) return 0;
+    const auto* pp = static_cast<const MemifProcessPrivate*>(process_private_);
+    auto* q = static_cast<MemifQueue*>(rxq_);
+    bool misplaced = false;
+    MemifRingHead* ring = ring_of(pp, q, misplaced);
+    if (ring == nullptr) {
+        if (misplaced && !rx_bad_ring_) fault(rx_faults_);  // counted once: nothing moves on this link
+        rx_bad_ring_ = misplaced;
+        return 0;
+    }
+    if ((__atomic_load_n(&ring->flags, __ATOMIC_RELAXED) & kRingMaskInterrupts) == 0)
+        return rte_eth_rx_burst(port_id_, 0, out, want);  // the driver also consumes the eventfd's signal
+    const auto size = static_cast<std::uint16_t>(1u << q->log2_ring_size);
+    const auto mask = static_cast<std::uint16_t>(size - 1);
+    const MemifDesc* descs = ring_desc(ring);
+    std::uint16_t cur = q->last_head;
+    const std::uint16_t head = __atomic_load_n(&ring->head, __ATOMIC_ACQUIRE);  // pairs with the client's release
+    if (static_cast<std::uint16_t>(head - cur) > size) {
+        if (head != rx_bad_head_) fault(rx_faults_);  // more published than the ring holds: nothing is taken
+        rx_bad_head_ = head;
+        return 0;
+    }
+    rx_bad_head_ = ~0u;
+    const auto room = static_cast<std::uint32_t>(rte_pktmbuf_data_room_size(q->mempool) - RTE_PKTMBUF_HEADROOM);
+    std::uint16_t n = 0;
+    std::uint64_t bytes = 0;
+    while (cur != head && n < want) {
+        // The frame: descriptors up to the first without kDescNext, all published (else wait for the rest).
+        std::array<const std::byte*, kMaxDescs> src;
+        std::array<std::uint32_t, kMaxDescs> len;
+        unsigned k = 0;
+        std::uint16_t end = cur;
+        std::uint64_t total = 0;
+        bool whole = false, bad = false;
+        while (end != head) {
+            const MemifDesc d = read_desc(descs, end++, mask);
+            const std::byte* b = buffer_of(pp, d, d.length);
+            if (b == nullptr || k == kMaxDescs) {
+                bad = true;
+            } else {
+                src[k] = b;
+                len[k++] = d.length;
+            }
+            total += d.length;
+            if ((d.flags & kDescNext) == 0) {
+                whole = true;
+                break;
+            }
+        }
+        if (!whole) break;
+        if (bad || total > kMaxFrame) {
+            fault(rx_faults_);  // dropped: its slots go back to the client with the others
+            cur = end;
+            continue;
+        }
+        // Ownership: fresh mbufs of the RX pool, the caller's once returned; on a shortage the frame stays in
+        // the ring for the next call (the driver would lose it).
+        rte_mbuf* first = rte_pktmbuf_alloc(q->mempool);
+        if (first == nullptr) break;
+        rte_mbuf* m = first;
+        bool short_of_mbufs = false;
+        for (unsigned i = 0; i < k && !short_of_mbufs; ++i) {
+            const std::byte* s = src[i];
+            std::uint32_t left = len[i];
+            while (left != 0) {
+                if (m->data_len == room) {
+                    rte_mbuf* next = rte_pktmbuf_alloc(q->mempool);
+                    if (next == nullptr) {
+                        short_of_mbufs = true;
+                        break;
+                    }
+                    m->next = next;
+                    ++first->nb_segs;
+                    m = next;
+                }
+                const std::uint32_t c = std::min(left, room - m->data_len);
+                std::memcpy(rte_pktmbuf_mtod_offset(m, std::byte*, m->data_len), s, c);
+                m->data_len = static_cast<std::uint16_t>(m->data_len + c);
+                s += c;
+                left -= c;
+            }
+        }
+        if (short_of_mbufs) {
+            rte_pktmbuf_free(first);
+            break;
+        }
+        first->pkt_len = static_cast<std::uint32_t>(total);
+        first->port = port_id_;
+        out[n++] = first;
+        bytes += total;
+        cur = end;
+    }
+    if (cur != q->last_head) {
+        q->last_head = cur;
+        __atomic_store_n(ring_tail(ring), cur, __ATOMIC_RELEASE);  // the slots are the client's again
+    }
+    q->n_pkts += n;  // the driver's statistics (rte_eth_stats_get), as its burst keeps them
+    q->n_bytes += bytes;
+    return n;
+}
+
+// What eth_memif_tx does for a server (server-to-client ring: the client posts empty buffers by advancing
+// head, we fill them and advance tail), with every buffer checked before a byte is written. A frame larger
+// than one buffer goes on in the next (kDescNext), as the driver chains it. A posted buffer outside the
+// client's memory is given back empty (length 0: a frame of nothing, which its receiver drops) and counted.
+std::uint16_t MemifServerPath::tx(rte_mbuf** frames, std::uint16_t count) noexcept {
+    if ((__atomic_load_n(&static_cast<MemifPmdHead*>(pmd_)->flags, __ATOMIC_ACQUIRE) & kFlagConnected) == 0) return 0;
+    const auto* pp = static_cast<const MemifProcessPrivate*>(process_private_);
+    auto* q = static_cast<MemifQueue*>(txq_);
+    bool misplaced = false;
+    MemifRingHead* ring = ring_of(pp, q, misplaced);
+    if (ring == nullptr) {
+        if (misplaced && !tx_bad_ring_) fault(tx_faults_);  // counted once: nothing moves on this link
+        tx_bad_ring_ = misplaced;
+        return 0;
+    }
+    if ((__atomic_load_n(&ring->flags, __ATOMIC_RELAXED) & kRingMaskInterrupts) == 0)
+        return rte_eth_tx_burst(port_id_, 0, frames, count);  // the driver also signals the client's eventfd
+    const auto size = static_cast<std::uint16_t>(1u << q->log2_ring_size);
+    const auto mask = static_cast<std::uint16_t>(size - 1);
+    MemifDesc* descs = ring_desc(ring);
+    std::uint16_t* tailp = ring_tail(ring);
+    std::uint16_t slot = __atomic_load_n(tailp, __ATOMIC_RELAXED);  // only we write it
+    const std::uint16_t head = __atomic_load_n(&ring->head, __ATOMIC_ACQUIRE);  // pairs with the client's refill
+    std::uint16_t n_free = static_cast<std::uint16_t>(head - slot);
+    if (n_free > size) {
+        if (head != tx_bad_head_) fault(tx_faults_);  // more posted than the ring holds: nothing is sent
+        tx_bad_head_ = head;
+        return 0;
+    }
+    tx_bad_head_ = ~0u;
+    const std::uint16_t start = slot;
+    std::uint16_t n = 0;
+    std::uint64_t bytes = 0;
+    while (n < count && n_free != 0) {
+        rte_mbuf* f = frames[n];
+        // The buffers this frame takes, each checked (capacity as the client posted it).
+        std::array<std::byte*, kMaxDescs> dst;
+        std::array<std::uint32_t, kMaxDescs> cap;
+        unsigned k = 0;
+        std::uint64_t room = 0;
+        bool bad = false;
+        while (room < f->pkt_len || k == 0) {
+            if (k == n_free || k == kMaxDescs) break;
+            const MemifDesc d = read_desc(descs, static_cast<std::uint16_t>(slot + k), mask);
+            dst[k] = d.length != 0 ? buffer_of(pp, d, d.length) : nullptr;
+            if (dst[k] == nullptr) {
+                bad = true;
+                ++k;
+                break;
+            }
+            cap[k++] = d.length;
+            room += d.length;
+        }
+        if (bad) {
+            // Every buffer up to the bad one goes back empty; the frame tries the ones after it.
+            for (unsigned i = 0; i < k; ++i) {
+                MemifDesc& d = descs[static_cast<std::uint16_t>(slot + i) & mask];
+                d.length = 0;
+                d.flags = 0;
+            }
+            fault(tx_faults_);
+            slot = static_cast<std::uint16_t>(slot + k);
+            n_free = static_cast<std::uint16_t>(n_free - k);
+            continue;
+        }
+        if (room < f->pkt_len) break;  // not enough posted yet (or a frame no ring could hold: kept, as the driver does)
+        unsigned i = 0;
+        std::uint32_t off = 0;
+        for (const rte_mbuf* seg = f; seg != nullptr; seg = seg->next) {
+            const auto* s = rte_pktmbuf_mtod(seg, const std::byte*);
+            std::uint32_t left = seg->data_len;
+            while (left != 0) {
+                if (off == cap[i]) {
+                    off = 0;
+                    ++i;
+                }
+                const std::uint32_t c = std::min(left, cap[i] - off);
+                std::memcpy(dst[i] + off, s, c);
+                off += c;
+                s += c;
+                left -= c;
+            }
+        }
+        // Each buffer used says how much it holds and whether the frame goes on; written after the data, read
+        // by the client after the tail's release below.
+        for (unsigned j = 0; j <= i; ++j) {
+            MemifDesc& d = descs[static_cast<std::uint16_t>(slot + j) & mask];
+            d.length = j < i ? cap[j] : off;
+            d.flags = j < i ? kDescNext : 0;
+        }
+        slot = static_cast<std::uint16_t>(slot + i + 1);
+        n_free = static_cast<std::uint16_t>(n_free - (i + 1));
+        bytes += f->pkt_len;
+        rte_pktmbuf_free(f);  // ownership: taken (copied into the client's buffers)
+        ++n;
+    }
+    if (slot != start) __atomic_store_n(tailp, slot, __ATOMIC_RELEASE);  // the filled buffers are the client's
+    q->n_pkts += n;
+    q->n_bytes += bytes;
+    return n;
 }
 
 }  // namespace softrdma::io::detail

@@ -423,6 +423,10 @@ void Port::attach_guard(const PortConfig& cfg) {
     } else if (!why.empty()) {
         log::warn("{}: the mbufs memif's zero-copy driver lends its peer stay with it until the port closes", why);
     }
+    if (guard_.attached() && cfg.memif_server && cfg.memif_own_server_path) {
+        own_server_path_ = server_path_.attach(port_id_, name_, why);
+        if (!own_server_path_) log::warn("{}: the memif server moves frames through DPDK's driver", why);
+    }
 }
 
 // memif zero-copy (DPDK 22.11): the client shares each of its memory segment lists with the peer as a region

@@ -64,6 +64,7 @@ public:
         rx_busy_.store(true);  // seq_cst, before reading open_: pairs with shut_gate()
         if (open_.load()) [[likely]] {
             if (rx_faults_) [[unlikely]] n = rx_faulty(out);
+            else if (own_server_path_) n = server_path_.rx(out.data(), static_cast<std::uint16_t>(out.size()));
             else n = rte_eth_rx_burst(port_id_, 0, out.data(), static_cast<std::uint16_t>(out.size()));
             if (n != 0) {
                 // The sender's writes (the peer's answer to what this process sent; on a ring pair inside one
@@ -167,6 +168,7 @@ public:
         PortCounters c = counters_tx_view();
         c.rx_packets = __atomic_load_n(&counters_.rx_packets, __ATOMIC_RELAXED);
         c.rx_bytes = __atomic_load_n(&counters_.rx_bytes, __ATOMIC_RELAXED);
+        if (own_server_path_) c.peer_faults = server_path_.peer_faults();
         return c;
     }
     // The driver's own statistics (imissed, ierrors, rx_nombuf...).
@@ -212,6 +214,7 @@ private:
     // a truncated frame) and never frees the one it displaced. Offered at most four at a time, the driver never
     // enters that loop.
     std::uint16_t driver_tx(rte_mbuf** frames, std::uint16_t count) noexcept {
+        if (own_server_path_) return server_path_.tx(frames, count);
         if (!memif_zero_copy_) [[likely]]
             return rte_eth_tx_burst(port_id_, 0, frames, count);
         std::uint16_t n = 0;
@@ -238,6 +241,7 @@ private:
     bool memif_client_ = false;
     bool large_frames_ = false;
     bool memif_zero_copy_ = false;
+    bool own_server_path_ = false;  // a memif server moving frames itself (server_path_), set before the gate opens
     unsigned driver_held_ = 0;
     unsigned tx_max_segments_ = 0;
     bool vdev_ = false;  // created on DPDK's vdev bus: removed from it when closed, so it can be opened again
@@ -254,6 +258,7 @@ private:
     // memif only: the driver's control-channel lock, held while the gate may be open (memif_guard.hpp), and
     // the control thread that watches the link. Control side only.
     detail::MemifGuard guard_;
+    detail::MemifServerPath server_path_;  // memif server, PortConfig::memif_own_server_path
     pthread_t watcher_{};
     bool watcher_running_ = false;
     std::atomic<bool> stop_watcher_{false};

@@ -16,6 +16,9 @@ struct PortCounters {
     std::uint64_t rx_packets = 0, rx_bytes = 0;
     std::uint64_t tx_packets = 0, tx_bytes = 0;
     std::uint64_t tx_refused = 0;  // frames the TX ring could not take (the sender kept and retried them)
+    // memif server: frames the client described outside its shared memory (or over 64 KiB), dropped, and
+    // impossible ring indexes it published (io/memif_guard.hpp, MemifServerPath). Always 0 from a sound peer.
+    std::uint64_t peer_faults = 0;
 };
 
 // Fault injection in io (PortConfig::faults), per direction: what was done to frames.
