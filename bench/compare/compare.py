@@ -301,7 +301,8 @@ def measure_softrdma(a, out):
         try:
             run([exe] + args + ["--mtu", str(a.mtu), "--threading", a.threading, "--json", path,
                                 "--timeout", "10", "--deadline", str(deadline)] +
-                ([] if a.large_segments else ["--mtu-segments"]) + ["--memif-zc" if a.memif_zc else "--memif-copy"],
+                ([] if a.large_segments else ["--mtu-segments"]) + ["--memif-zc" if a.memif_zc else "--memif-copy"] +
+                ([] if a.memif_own_server_path else ["--memif-driver"]),
                 deadline + 15, os.path.join(out, "raw", f"softrdma-{name}.log"))
             test, kind, by_size, rtt = parse_rdma_perf(path)
             res[name] = {"test": test, "kind": kind, "results": by_size, "core_rtt_ns": rtt}
@@ -496,7 +497,9 @@ def render(rows, status, meta):
                  f"{'--quick (short runs)' if meta['quick'] else 'full run'}, MTU {meta['mtu']}" +
                  ("" if meta.get("large_segments", True) else ", softrdma with --mtu-segments (stock perftest without)") +
                  (", softrdma's client in memif zero-copy mode where hugepages allow" if meta.get("memif_zc") else
-                  ", softrdma's client copying through memif's ring (--memif-copy)"))
+                  ", softrdma's client copying through memif's ring (--memif-copy)") +
+                 ("" if meta.get("memif_own_server_path", True) else
+                  ", softrdma's server moving frames through DPDK's memif driver (--memif-driver)"))
     if meta["load_start"] > 1.0 or meta["load_end"] > 1.0:
         notes.append("- other work was running on this 2-core machine during the run: figures are noisy")
     if meta.get("core_rtt_ns"):
@@ -618,6 +621,9 @@ def main(argv=None):
                         "needs hugepages; the default)")
     p.add_argument("--memif-copy", dest="memif_zc", action="store_false",
                    help="rdma_perf --memif-copy: its client process copying into and out of memif's ring instead")
+    p.add_argument("--memif-driver", dest="memif_own_server_path", action="store_false",
+                   help="rdma_perf --memif-driver: its server process moving frames through DPDK's memif driver "
+                        "instead of its own copies (PortConfig::memif_own_server_path off)")
     a = p.parse_args(argv)
     a.build = os.path.realpath(os.path.join(top, a.build) if not os.path.isabs(a.build) else a.build)
     if "kernel" not in a.skip and os.geteuid() != 0:
@@ -636,7 +642,8 @@ def main(argv=None):
     meta = {"when": now.strftime("%Y-%m-%d %H:%M UTC"), "host": os.uname().nodename, "cpus": os.cpu_count(),
             "commit": source_revision(a.source),
             "load_start": os.getloadavg()[0], "quick": a.quick, "mtu": a.mtu, "threading": a.threading,
-            "large_segments": a.large_segments, "memif_zc": a.memif_zc}
+            "large_segments": a.large_segments, "memif_zc": a.memif_zc,
+            "memif_own_server_path": a.memif_own_server_path}
     results, status = {"floor": None, "kernel": None, "softrdma": None, "perftest": None}, {}
     parts = [("floor", measure_floor), ("kernel", measure_kernel), ("softrdma", measure_softrdma),
              ("perftest", measure_perftest)]

@@ -80,6 +80,8 @@ void usage(const char* argv0) {
         "                      mode: one copy per frame instead of two (PortConfig::memif_zero_copy; hugepages;\n"
         "                      the default)\n"
         "  --memif-copy        memif: the client end copying into and out of memif's ring instead\n"
+        "  --memif-driver      memif: the server end moving frames through DPDK's driver instead of its own\n"
+        "                      copies (PortConfig::memif_own_server_path off)\n"
         "  --layers            after each row, the client's cycles per message by layer (io, lwip, mpa+crc,\n"
         "                      ddp/rdmap, verbs) and its TX copies per payload byte; with rx-thread, its RX\n"
         "                      thread's too (rx io, rx place, rx forward); costs a few ns per message\n"
@@ -209,6 +211,8 @@ bool parse(int argc, char** argv, Options& o, int& exit_code) {
             o.memif_zero_copy = true;
         } else if (a == "--memif-copy") {
             o.memif_zero_copy = false;
+        } else if (a == "--memif-driver") {
+            o.memif_own_server_path = false;
         } else if (a == "--layers") {
             o.layers = true;
         } else if (a == "--mtu") {

@@ -81,6 +81,9 @@ struct Options {
     // memif: the client end in memif's zero-copy mode (PortConfig::memif_zero_copy, on by default; needs
     // hugepages; --memif-copy turns it off)
     bool memif_zero_copy{io::PortConfig{}.memif_zero_copy};
+    // memif: the server end's own receive and transmit (PortConfig::memif_own_server_path, on by default;
+    // --memif-driver turns it off)
+    bool memif_own_server_path{io::PortConfig{}.memif_own_server_path};
     bool layers{false};  // print where the client's cycles went, by layer (verbs::LayerCycles; rtc only)
     std::string cpu;            // local: "A,B" (server core, client core); server/client: "N"
     std::string json;           // write the run as JSON here
