@@ -1,0 +1,257 @@
+// SPDX-License-Identifier: MIT
+// A memif client that breaks the ring format, against a memif server moving frames itself
+// (PortConfig::memif_own_server_path, io/memif_guard.hpp MemifServerPath). Two processes over memif. The
+// client (copy mode: its ring buffers are its own shared memory) writes straight into its rings what a broken
+// or hostile client could: descriptors naming bytes outside its shared memory (past a region's end, a region
+// that does not exist), a frame over 64 KiB, a frame of more descriptors than any frame needs, a ring head
+// further ahead than the ring holds, and a posted RX buffer outside its memory. The server must drop exactly
+// those frames, give the bad RX buffer back empty, count each fault once, deliver every sound frame intact and
+// in order around them, and end with its mbufs back; the client checks what came back. DPDK's own memif
+// server reads and writes wherever such a descriptor points.
+#include <catch2/catch.hpp>
+
+#include <unistd.h>
+
+#include <array>
+#include <chrono>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "io/memif_layout.hpp"
+#include "io/port.hpp"
+#include "tests/support/processes.hpp"
+
+using namespace softrdma;
+using namespace softrdma::test;
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+namespace mem = softrdma::io::detail;
+
+namespace {
+
+constexpr auto kWait = 10s;  // any one step: the link, a frame, the server taking what the client published
+
+// Frames carry a tag and a sequence number, then pattern bytes: the server answers "go" with "reply" and
+// "done" with "ack"; "data" frames are only checked.
+enum Tag : std::uint32_t { data = 1, go = 2, reply = 3, done = 4, ack = 5 };
+constexpr std::uint16_t kLen = 600;
+
+rte_mbuf* make_frame(io::Port& port, Tag tag, std::uint32_t seq) {
+    rte_mbuf* m = port.alloc();
+    if (m == nullptr) throw std::runtime_error("no mbuf");
+    auto* p = static_cast<std::byte*>(static_cast<void*>(rte_pktmbuf_append(m, kLen)));
+    const std::uint32_t head[2] = {tag, seq};
+    std::memcpy(p, head, sizeof head);
+    fill_pattern(tag * 1000u + seq, 0, std::span(p + 8, kLen - 8u));
+    return m;
+}
+
+void send(io::Port& port, Tag tag, std::uint32_t seq) {
+    rte_mbuf* m = make_frame(port, tag, seq);
+    const auto deadline = Clock::now() + kWait;
+    while (port.tx_burst(std::span(&m, 1)) != 1) {  // taken: the driver's (or the server path's) now
+        if (Clock::now() >= deadline) {
+            rte_pktmbuf_free(m);  // never taken: still ours
+            throw std::runtime_error("the ring never took a frame");
+        }
+        std::this_thread::sleep_for(100us);
+    }
+}
+
+// "" for a sound frame of kLen with the pattern its tag and sequence number say; else what is wrong. Sets
+// tag/seq. Frees the mbuf (ours since rx_burst).
+std::string take(rte_mbuf* m, std::uint32_t& tag, std::uint32_t& seq) {
+    std::string err;
+    std::vector<std::byte> bytes(rte_pktmbuf_pkt_len(m));
+    if (!bytes.empty()) {  // (rte_pktmbuf_read copies only a frame of several segments; else it points into it)
+        const void* p = rte_pktmbuf_read(m, 0, static_cast<std::uint32_t>(bytes.size()), bytes.data());
+        if (p != bytes.data()) std::memcpy(bytes.data(), p, bytes.size());
+    }
+    rte_pktmbuf_free(m);
+    tag = seq = 0;
+    if (bytes.size() != kLen) return "a frame of " + std::to_string(bytes.size()) + " bytes";
+    std::uint32_t head[2];
+    std::memcpy(head, bytes.data(), sizeof head);
+    tag = head[0];
+    seq = head[1];
+    if (check_pattern(tag * 1000u + seq, 0, std::span(bytes).subspan(8)) >= 0)
+        err = "content of frame " + std::to_string(tag) + "/" + std::to_string(seq);
+    return err;
+}
+
+io::PortConfig config(const std::string& socket, bool server) {
+    io::PortConfig cfg;
+    cfg.backend = Backend::memif;
+    cfg.memif_socket = socket;
+    cfg.memif_server = server;
+    cfg.memif_zero_copy = false;  // the client's ring buffers lie in its own region: it can point past them
+    cfg.link_timeout = kWait;
+    return cfg;
+}
+
+// Answers "go" and "done"; checks that exactly the sound frames arrived (data 0, data 1, go, data 2, done)
+// and that its port counted `faults` peer faults; then its mbufs must be back.
+int server_role(const std::string& socket, std::uint64_t faults) {
+    io::EalConfig eal;
+    eal.lcores = "0";
+    auto port = io::open_port(config(socket, true), eal);
+    const unsigned start_in_use = port->mbufs_in_use();
+    const std::vector<std::pair<std::uint32_t, std::uint32_t>> want = {{data, 0}, {data, 1}, {go, 0}, {data, 2}, {done, 0}};
+    std::vector<std::pair<std::uint32_t, std::uint32_t>> got;
+    std::string err;
+    const auto deadline = Clock::now() + 6 * kWait;
+    while (Clock::now() < deadline && (got.empty() || got.back().first != done)) {
+        std::array<rte_mbuf*, 32> burst;
+        const unsigned n = port->rx_burst(burst);
+        for (unsigned i = 0; i < n; ++i) {
+            std::uint32_t tag = 0, seq = 0;
+            const std::string e = take(burst[i], tag, seq);
+            if (!e.empty() && err.empty()) err = e;
+            got.emplace_back(tag, seq);
+
+            if (tag == go) send(*port, reply, seq);
+        }
+    }
+    const std::uint64_t counted = port->counters().peer_faults;
+    report("peer faults " + std::to_string(counted) + ", frames " + std::to_string(got.size()));
+    if (got != want && err.empty()) err = "frames received are not the sound ones in order";
+    if (counted != faults && err.empty()) err = "counted " + std::to_string(counted) + " peer faults, not " + std::to_string(faults);
+    send(*port, ack, 0);
+    // The client leaves once it has the ack; the link going down ends this side.
+    const auto leave_by = Clock::now() + kWait;
+    while (port->link_up() && Clock::now() < leave_by) std::this_thread::sleep_for(1ms);
+    if (port->mbufs_in_use() != start_in_use && err.empty())
+        err = "mbufs in use " + std::to_string(port->mbufs_in_use()) + ", " + std::to_string(start_in_use) + " at start";
+    if (port->close() != io::Port::CloseResult::clean && err.empty()) err = "close not clean";
+    if (!err.empty()) report(err);
+    return err.empty() ? 0 : 2;
+}
+
+// The client's own view of its rings (copy mode: region 0 holds rings and buffers).
+struct Rings {
+    mem::MemifProcessPrivate* pp = nullptr;
+    mem::MemifQueue* txq = nullptr;  // client-to-server: we advance head, the server tail
+    mem::MemifQueue* rxq = nullptr;  // server-to-client: we post buffers (head), the server fills them (tail)
+    explicit Rings(const io::Port& port) {
+        const auto* dev = reinterpret_cast<const mem::EthDevHead*>(rte_eth_dev_allocated(port.name().c_str()));
+        if (dev == nullptr) throw std::runtime_error("no device " + port.name());
+        pp = static_cast<mem::MemifProcessPrivate*>(dev->process_private);
+        txq = static_cast<mem::MemifQueue*>(dev->data->tx_queues[0]);
+        rxq = static_cast<mem::MemifQueue*>(dev->data->rx_queues[0]);
+        if (pp->regions_num == 0 || pp->regions[0] == nullptr) throw std::runtime_error("no regions mapped");
+    }
+    mem::MemifRingHead* ring(const mem::MemifQueue* q) const {
+        return reinterpret_cast<mem::MemifRingHead*>(static_cast<std::byte*>(pp->regions[q->region]->addr) + q->ring_offset);
+    }
+    std::uint16_t mask(const mem::MemifQueue* q) const { return static_cast<std::uint16_t>((1u << q->log2_ring_size) - 1); }
+    std::uint64_t region_size() const { return pp->regions[0]->region_size; }
+};
+
+// Publishes `bad` as frames on the client-to-server ring (the driver's next slots), waits until the server has
+// taken them, and puts the slots' own descriptors back (the driver reuses their buffers).
+void publish_raw(const Rings& r, const std::vector<mem::MemifDesc>& bad) {
+    mem::MemifRingHead* ring = r.ring(r.txq);
+    mem::MemifDesc* descs = mem::ring_desc(ring);
+    const std::uint16_t mask = r.mask(r.txq);
+    const std::uint16_t head = __atomic_load_n(&ring->head, __ATOMIC_RELAXED);
+    std::vector<mem::MemifDesc> saved(bad.size());
+    for (std::size_t i = 0; i < bad.size(); ++i) {
+        mem::MemifDesc& d = descs[static_cast<std::uint16_t>(head + i) & mask];
+        saved[i] = d;
+        d = bad[i];
+    }
+    const auto end = static_cast<std::uint16_t>(head + bad.size());
+    __atomic_store_n(&ring->head, end, __ATOMIC_RELEASE);
+    const auto deadline = Clock::now() + kWait;
+    while (__atomic_load_n(mem::ring_tail(ring), __ATOMIC_ACQUIRE) != end) {
+        if (Clock::now() >= deadline) throw std::runtime_error("the server never took the raw descriptors");
+        std::this_thread::sleep_for(100us);
+    }
+    for (std::size_t i = 0; i < bad.size(); ++i) descs[static_cast<std::uint16_t>(head + i) & mask] = saved[i];
+}
+
+// Receives until a frame tagged `tag` arrives; counts the empty frames before it. Throws on anything else.
+unsigned await(io::Port& port, Tag tag) {
+    unsigned empty = 0;
+    const auto deadline = Clock::now() + kWait;
+    while (Clock::now() < deadline) {
+        std::array<rte_mbuf*, 8> burst;
+        const unsigned n = port.rx_burst(std::span(burst).first(1));  // one at a time: nothing after `tag` is taken
+        if (n == 0) continue;
+        if (rte_pktmbuf_pkt_len(burst[0]) == 0) {
+            rte_pktmbuf_free(burst[0]);  // ours since rx_burst
+            ++empty;
+            continue;
+        }
+        std::uint32_t t = 0, seq = 0;
+        const std::string e = take(burst[0], t, seq);
+        if (!e.empty()) throw std::runtime_error(e);
+        if (t != tag) throw std::runtime_error("got frame tag " + std::to_string(t) + ", expected " + std::to_string(tag));
+        return empty;
+    }
+    throw std::runtime_error("no frame tagged " + std::to_string(tag));
+}
+
+int client_role(const std::string& socket) {
+    io::EalConfig eal;
+    eal.lcores = "1";
+    auto port = io::open_port(config(socket, false), eal);
+    const Rings r(*port);
+    const std::uint64_t region = r.region_size();
+    send(*port, data, 0);
+    // Frames described outside the client's memory, too long, or in too many descriptors: one fault each.
+    const mem::MemifDesc past_end{.flags = 0, .region = 0, .length = 100,
+                                  .offset = static_cast<std::uint32_t>(region - 10), .metadata = 0};
+    const mem::MemifDesc no_region{.flags = 0, .region = 7, .length = 100, .offset = 0, .metadata = 0};
+    const mem::MemifDesc too_long{.flags = 0, .region = 0, .length = 70000, .offset = 0, .metadata = 0};
+    publish_raw(r, {past_end, no_region, too_long});
+    std::vector<mem::MemifDesc> many(io::detail::MemifServerPath::kMaxDescs + 1,
+                                     mem::MemifDesc{.flags = mem::kDescNext, .region = 0, .length = 16, .offset = 0, .metadata = 0});
+    many.back().flags = 0;
+    publish_raw(r, many);
+    send(*port, data, 1);
+    // A head further ahead than the ring holds: one fault while it lasts, nothing taken; then the real one.
+    {
+        mem::MemifRingHead* ring = r.ring(r.txq);
+        const std::uint16_t head = __atomic_load_n(&ring->head, __ATOMIC_RELAXED);
+        const auto size = static_cast<std::uint16_t>(r.mask(r.txq) + 1);
+        __atomic_store_n(&ring->head, static_cast<std::uint16_t>(head + size + 5), __ATOMIC_RELEASE);
+        std::this_thread::sleep_for(50ms);
+        __atomic_store_n(&ring->head, head, __ATOMIC_RELEASE);
+    }
+    // A posted RX buffer outside our memory, the next the server fills: it must come back empty, and the reply
+    // land in the buffer after it.
+    mem::MemifRingHead* rx_ring = r.ring(r.rxq);
+    mem::MemifDesc* rx_descs = mem::ring_desc(rx_ring);
+    const std::uint16_t next = __atomic_load_n(mem::ring_tail(rx_ring), __ATOMIC_ACQUIRE);
+    mem::MemifDesc& posted = rx_descs[next & r.mask(r.rxq)];
+    const mem::MemifDesc saved = posted;
+    posted.offset = static_cast<std::uint32_t>(region - 64);
+    send(*port, go, 0);
+    const unsigned empty = await(*port, reply);
+    posted = saved;  // the driver posts this buffer again; the server has given it back (the reply came after)
+    report("empty frames before the reply: " + std::to_string(empty));
+    if (empty != 1) throw std::runtime_error("expected one empty frame before the reply, got " + std::to_string(empty));
+    send(*port, data, 2);
+    send(*port, done, 0);
+    await(*port, ack);
+    return port->close() == io::Port::CloseResult::clean ? 0 : 2;
+}
+
+}  // namespace
+
+TEST_CASE("a memif client writing descriptors outside its memory: the server drops those frames, counts them, "
+          "delivers the rest", "[io][memif][peer]") {
+    const std::string socket = "/run/" + unique_name("sr-memif-peer") + ".sock";
+    constexpr std::uint64_t kFaults = 3 + 1 + 1 + 1;  // three frames, the many-descriptor frame, the head, the RX buffer
+    const auto outcomes = run_roles({{"server", [&] { return server_role(socket, kFaults); }},
+                                     {"client", [&] { return client_role(socket); }, 200ms}},
+                                    60s);
+    for (const auto& o : outcomes) {
+        INFO(o.name << ": " << o.report);
+        CHECK(o.exit_code == 0);
+        CHECK_FALSE(o.timed_out);
+    }
+}
