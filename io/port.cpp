@@ -678,7 +678,7 @@ std::size_t Port::faults_held() const noexcept {
 // Half the burst from the driver: room for duplicates and held frames coming due.
 std::uint16_t Port::rx_faulty(std::span<rte_mbuf*> out) noexcept {
     const auto want = static_cast<std::uint16_t>(std::max<std::size_t>(1, out.size() / 2));
-    const std::uint16_t n = rte_eth_rx_burst(port_id_, 0, out.data(), want);
+    const std::uint16_t n = driver_rx(out.data(), want);
     return rx_faults_->apply(out, n);
 }
 

@@ -64,8 +64,7 @@ public:
         rx_busy_.store(true);  // seq_cst, before reading open_: pairs with shut_gate()
         if (open_.load()) [[likely]] {
             if (rx_faults_) [[unlikely]] n = rx_faulty(out);
-            else if (own_server_path_) n = server_path_.rx(out.data(), static_cast<std::uint16_t>(out.size()));
-            else n = rte_eth_rx_burst(port_id_, 0, out.data(), static_cast<std::uint16_t>(out.size()));
+            else n = driver_rx(out.data(), static_cast<std::uint16_t>(out.size()));
             if (n != 0) {
                 // The sender's writes (the peer's answer to what this process sent; on a ring pair inside one
                 // process, the frame itself) happen before anything here reads them (base/tsan.hpp).
@@ -206,9 +205,14 @@ private:
     void account_tx(std::span<rte_mbuf* const> frames, std::uint16_t sent) noexcept;
     void capture_tx(std::span<rte_mbuf* const> frames) noexcept;
     std::uint16_t rx_faulty(std::span<rte_mbuf*> out) noexcept;
-    // The driver's transmit. DPDK 22.11's memif zero-copy transmit checks for a free ring slot only before each
-    // group of four frames (eth_memif_tx_zc's unrolled loop, "n_free > 4"), and each further segment of a frame
-    // on its own: with chained frames (ours have 2 or more segments) the group's next frame can find the ring
+    // The driver's receive, or the memif server's own (MemifServerPath).
+    std::uint16_t driver_rx(rte_mbuf** out, std::uint16_t want) noexcept {
+        if (own_server_path_) return server_path_.rx(out, want);
+        return rte_eth_rx_burst(port_id_, 0, out, want);
+    }
+    // The driver's transmit, or the memif server's own. DPDK 22.11's memif zero-copy transmit checks for a free
+    // ring slot only before each group of four frames (eth_memif_tx_zc's unrolled loop, "n_free > 4"), and each
+    // further segment of a frame on its own: with chained frames (ours have 2 or more segments) the group's next frame can find the ring
     // full, and its first segment then takes the slot of a frame still in flight before the driver gives up on
     // it. The driver later frees our mbuf from that slot while we still hold it (a chain cut short: a crash or
     // a truncated frame) and never frees the one it displaced. Offered at most four at a time, the driver never
