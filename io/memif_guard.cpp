@@ -31,6 +31,8 @@
 #include "io/memif_guard.hpp"
 #include "io/memif_layout.hpp"
 
+#include "base/tsan.hpp"
+
 #include <sys/socket.h>
 
 #include <algorithm>
@@ -224,7 +226,7 @@ MemifDesc read_desc(const MemifDesc* ring_descs, std::uint16_t slot, std::uint16
 
 }  // namespace
 
-bool MemifServerPath::attach(std::uint16_t port_id, const std::string& name, std::string& why) {
+bool MemifServerPath::attach(std::uint16_t port_id, const std::string& name, const void* wire_token, std::string& why) {
     const auto* dev = reinterpret_cast<const EthDevHead*>(rte_eth_dev_allocated(name.c_str()));
     const EthDevDataHead* data = dev != nullptr ? dev->data : nullptr;
     auto* p = data != nullptr ? static_cast<MemifPmdHead*>(data->dev_private) : nullptr;
@@ -241,6 +243,7 @@ bool MemifServerPath::attach(std::uint16_t port_id, const std::string& name, std
         return false;
     }
     port_id_ = port_id;
+    wire_token_ = wire_token;
     pmd_ = p;
     process_private_ = dev->process_private;
     rxq_ = rxq;
@@ -274,6 +277,9 @@ std::uint16_t MemifServerPath::rx(rte_mbuf** out, std::uint16_t want) noexcept {
         return 0;
     }
     rx_bad_head_ = ~0u;
+    // What this process did before sending (our transmit's copies included: tx() releases after them) happens
+    // before the peer's answer, which sits behind the head just read (base/tsan.hpp; nothing outside TSan).
+    if (head != cur) wire_acquire(wire_token_);
     const auto room = static_cast<std::uint32_t>(rte_pktmbuf_data_room_size(q->mempool) - RTE_PKTMBUF_HEADROOM);
     std::uint16_t n = 0;
     std::uint64_t bytes = 0;
@@ -310,6 +316,7 @@ std::uint16_t MemifServerPath::rx(rte_mbuf** out, std::uint16_t want) noexcept {
         // the ring for the next call (the driver would lose it).
         rte_mbuf* first = rte_pktmbuf_alloc(q->mempool);
         if (first == nullptr) break;
+        wire_acquire(wire_token_);  // the thread that freed it released before (tx() below, or the stack)
         rte_mbuf* m = first;
         bool short_of_mbufs = false;
         for (unsigned i = 0; i < k && !short_of_mbufs; ++i) {
@@ -322,6 +329,7 @@ std::uint16_t MemifServerPath::rx(rte_mbuf** out, std::uint16_t want) noexcept {
                         short_of_mbufs = true;
                         break;
                     }
+                    wire_acquire(wire_token_);
                     m->next = next;
                     ++first->nb_segs;
                     m = next;
@@ -445,6 +453,10 @@ std::uint16_t MemifServerPath::tx(rte_mbuf** frames, std::uint16_t count) noexce
         slot = static_cast<std::uint16_t>(slot + i + 1);
         n_free = static_cast<std::uint16_t>(n_free - (i + 1));
         bytes += f->pkt_len;
+        // Our copies of the frame (reads of application memory it points into, writes into the client's
+        // buffers) happen before the peer's answer and before the frame's mbufs are allocated again; rx()
+        // acquires (base/tsan.hpp: the wire is synchronisation TSan cannot see).
+        wire_release(wire_token_);
         rte_pktmbuf_free(f);  // ownership: taken (copied into the client's buffers)
         ++n;
     }

@@ -89,8 +89,9 @@ class MemifServerPath {
 public:
     // For a memif server whose MemifGuard::attach succeeded (so the layout is the one memif_layout.hpp
     // knows): finds its queues and checks them (one each way, this port's, client-to-server for RX). False,
-    // with the reason in `why`, when not: then the driver's bursts stay in use.
-    bool attach(std::uint16_t port_id, const std::string& name, std::string& why);
+    // with the reason in `why`, when not: then the driver's bursts stay in use. `wire_token`: the port's token
+    // for base/tsan.hpp's wire annotations (see rx() and tx()).
+    bool attach(std::uint16_t port_id, const std::string& name, const void* wire_token, std::string& why);
     bool attached() const noexcept { return rxq_ != nullptr; }
 
     std::uint16_t rx(rte_mbuf** out, std::uint16_t want) noexcept;
@@ -112,6 +113,7 @@ private:
     void fault(std::uint64_t& counter) noexcept { __atomic_store_n(&counter, counter + 1, __ATOMIC_RELAXED); }
 
     std::uint16_t port_id_ = 0;
+    const void* wire_token_ = nullptr;
     void* pmd_ = nullptr;            // the driver's struct pmd_internals
     void* process_private_ = nullptr;  // its struct pmd_process_private: the mapped regions
     void* rxq_ = nullptr;            // struct memif_queue: client-to-server

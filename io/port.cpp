@@ -424,7 +424,7 @@ void Port::attach_guard(const PortConfig& cfg) {
         log::warn("{}: the mbufs memif's zero-copy driver lends its peer stay with it until the port closes", why);
     }
     if (guard_.attached() && cfg.memif_server && cfg.memif_own_server_path) {
-        own_server_path_ = server_path_.attach(port_id_, name_, why);
+        own_server_path_ = server_path_.attach(port_id_, name_, this, why);
         if (!own_server_path_) log::warn("{}: the memif server moves frames through DPDK's driver", why);
     }
 }

@@ -205,15 +205,9 @@ private:
     void account_tx(std::span<rte_mbuf* const> frames, std::uint16_t sent) noexcept;
     void capture_tx(std::span<rte_mbuf* const> frames) noexcept;
     std::uint16_t rx_faulty(std::span<rte_mbuf*> out) noexcept;
-    // The driver's receive, or the memif server's own (MemifServerPath). The latter writes the mbufs it takes
-    // from the pool in code TSan sees, so what the other thread did before sending and freeing them (its
-    // wire_release on this port) must be seen to happen before: the acquire rx_burst makes after the driver's
-    // receive comes first here (base/tsan.hpp).
+    // The driver's receive, or the memif server's own (MemifServerPath).
     std::uint16_t driver_rx(rte_mbuf** out, std::uint16_t want) noexcept {
-        if (own_server_path_) {
-            wire_acquire(this);
-            return server_path_.rx(out, want);
-        }
+        if (own_server_path_) return server_path_.rx(out, want);
         return rte_eth_rx_burst(port_id_, 0, out, want);
     }
     // The driver's transmit, or the memif server's own. DPDK 22.11's memif zero-copy transmit checks for a free
