@@ -251,19 +251,24 @@ bool MemifServerPath::attach(std::uint16_t port_id, const std::string& name, con
     return true;
 }
 
+MemifRingHead* MemifServerPath::connected_ring(void* qp, std::uint64_t& faults, bool& bad_ring) noexcept {
+    if ((__atomic_load_n(&static_cast<MemifPmdHead*>(pmd_)->flags, __ATOMIC_ACQUIRE) & kFlagConnected) == 0)
+        return nullptr;
+    bool misplaced = false;
+    MemifRingHead* ring =
+        ring_of(static_cast<const MemifProcessPrivate*>(process_private_), static_cast<MemifQueue*>(qp), misplaced);
+    if (misplaced && !bad_ring) fault(faults);  // nothing moves on this link while it lasts
+    bad_ring = misplaced;
+    return ring;
+}
+
 // What eth_memif_rx does for a server (client-to-server ring: the client advances head, we advance tail), with
 // every descriptor checked first and a frame taken only when all of it is there and copied.
 std::uint16_t MemifServerPath::rx(rte_mbuf** out, std::uint16_t want) noexcept {
-    if ((__atomic_load_n(&static_cast<MemifPmdHead*>(pmd_)->flags, __ATOMIC_ACQUIRE) & kFlagConnected) == 0) return 0;
-    const auto* pp = static_cast<const MemifProcessPrivate*>(process_private_);
     auto* q = static_cast<MemifQueue*>(rxq_);
-    bool misplaced = false;
-    MemifRingHead* ring = ring_of(pp, q, misplaced);
-    if (ring == nullptr) {
-        if (misplaced && !rx_bad_ring_) fault(rx_faults_);  // counted once: nothing moves on this link
-        rx_bad_ring_ = misplaced;
-        return 0;
-    }
+    MemifRingHead* ring = connected_ring(q, rx_faults_, rx_bad_ring_);
+    if (ring == nullptr) return 0;
+    const auto* pp = static_cast<const MemifProcessPrivate*>(process_private_);
     if ((__atomic_load_n(&ring->flags, __ATOMIC_RELAXED) & kRingMaskInterrupts) == 0)
         return rte_eth_rx_burst(port_id_, 0, out, want);  // the driver also consumes the eventfd's signal
     const auto size = static_cast<std::uint16_t>(1u << q->log2_ring_size);
@@ -365,16 +370,10 @@ std::uint16_t MemifServerPath::rx(rte_mbuf** out, std::uint16_t want) noexcept {
 // than one buffer goes on in the next (kDescNext), as the driver chains it. A posted buffer outside the
 // client's memory is given back empty (length 0: a frame of nothing, which its receiver drops) and counted.
 std::uint16_t MemifServerPath::tx(rte_mbuf** frames, std::uint16_t count) noexcept {
-    if ((__atomic_load_n(&static_cast<MemifPmdHead*>(pmd_)->flags, __ATOMIC_ACQUIRE) & kFlagConnected) == 0) return 0;
-    const auto* pp = static_cast<const MemifProcessPrivate*>(process_private_);
     auto* q = static_cast<MemifQueue*>(txq_);
-    bool misplaced = false;
-    MemifRingHead* ring = ring_of(pp, q, misplaced);
-    if (ring == nullptr) {
-        if (misplaced && !tx_bad_ring_) fault(tx_faults_);  // counted once: nothing moves on this link
-        tx_bad_ring_ = misplaced;
-        return 0;
-    }
+    MemifRingHead* ring = connected_ring(q, tx_faults_, tx_bad_ring_);
+    if (ring == nullptr) return 0;
+    const auto* pp = static_cast<const MemifProcessPrivate*>(process_private_);
     if ((__atomic_load_n(&ring->flags, __ATOMIC_RELAXED) & kRingMaskInterrupts) == 0)
         return rte_eth_tx_burst(port_id_, 0, frames, count);  // the driver also signals the client's eventfd
     const auto size = static_cast<std::uint16_t>(1u << q->log2_ring_size);

@@ -12,6 +12,8 @@ struct rte_mbuf;
 
 namespace softrdma::io::detail {
 
+struct MemifRingHead;  // io/memif_layout.hpp
+
 // What port.cpp asked the driver for, to recognise the driver's private state.
 struct MemifExpect {
     std::string socket;
@@ -111,6 +113,9 @@ public:
 
 private:
     void fault(std::uint64_t& counter) noexcept { __atomic_store_n(&counter, counter + 1, __ATOMIC_RELAXED); }
+    // Queue q's ring while connected, or null: not connected, not mapped yet, or placed outside its region
+    // (a fault, counted once while it lasts through `bad_ring`).
+    MemifRingHead* connected_ring(void* q, std::uint64_t& faults, bool& bad_ring) noexcept;
 
     std::uint16_t port_id_ = 0;
     const void* wire_token_ = nullptr;
