@@ -108,7 +108,10 @@ struct PortConfig {
     // sent frames while the link is up (the port takes them back when the link goes down or it closes, which
     // DPDK 22.11 does not). DPDK 22.11's zero-copy client also closes the EAL's hugepage file descriptors at
     // each handshake; the port puts them back (io/port.cpp). Ignored by a server (zero-copy is the client's
-    // mode; its peer needs nothing).
+    // mode; its peer needs nothing). Trust: in this mode the client shares all of its DPDK memory with the
+    // server (each of the EAL's memory segment lists is a memif region the server maps), so the server
+    // process can read and write every mbuf pool and TX chunk of this process, other ports' included. Set
+    // false where the memif peer is not trusted: a copying client shares only its rings and their buffers.
     bool memif_zero_copy = true;
     // memif server only, on by default: the port moves frames between the client's ring buffers and its own
     // mbufs itself, with the C library's memcpy, instead of through DPDK 22.11's memif driver (whose copies,
