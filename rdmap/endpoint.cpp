@@ -486,7 +486,10 @@ ProtoStatus Endpoint::on_ulpdu_header(std::span<const std::byte> hdr, std::size_
     return rx_header(hdr, payload_len);
 }
 
-ProtoStatus Endpoint::rx_header(std::span<const std::byte> hdr, std::size_t payload_len) {
+// Every field is read from rx_.hdr, the header's private copy taken first: the input may lie in memory another
+// process can rewrite while we parse it (a memif peer's buffers), and a field read twice from there could pass
+// a check and then differ where it is used. What decides where and how much is written is read once.
+ProtoStatus Endpoint::rx_header(std::span<const std::byte> in_hdr, std::size_t payload_len) {
     if (state_ == State::error) return error_;
     // Reset what the previous segment left (not the whole RxSeg: zero-filling its header array per FPDU
     // costs more than the rest of this function). th/uh/hdr are written below before anything reads them.
@@ -496,7 +499,9 @@ ProtoStatus Endpoint::rx_header(std::span<const std::byte> hdr, std::size_t payl
     rx_.payload_len = 0;
     rx_.got = 0;
     rx_.access = Access::remote_write;
-    if (hdr.size() < 2) return fail(ddp::err::local_catastrophic, {}, 0);
+    if (in_hdr.size() < 2 || in_hdr.size() > rx_.hdr.size()) return fail(ddp::err::local_catastrophic, {}, 0);
+    std::memcpy(rx_.hdr.data(), in_hdr.data(), in_hdr.size());
+    const std::span<const std::byte> hdr(rx_.hdr.data(), in_hdr.size());
     const std::uint16_t ctrl = load_be16(hdr, 0);
     // DDP first (RFC 5041 section 7.2), then RDMAP (RFC 5040 section 7.2): versions, then the opcode.
     if (const ProtoStatus e = ddp::check_ddp_ctrl(ctrl)) return fail(*e, {}, 0);
@@ -512,7 +517,6 @@ ProtoStatus Endpoint::rx_header(std::span<const std::byte> hdr, std::size_t payl
     rx_.opcode = ctrl_opcode(ctrl);
     rx_.hdr_len = hdr.size();
     rx_.payload_len = payload_len;
-    std::memcpy(rx_.hdr.data(), hdr.data(), hdr.size());
 
     if (op.tagged) {
         rx_.th = *ddp::TaggedHeader::decode(hdr);

@@ -388,7 +388,17 @@ void RxThread::place_held(Flow& fl, std::uint16_t id) noexcept {
     for (unsigned i = 0; i < fl.nheld;) {
         rte_mbuf* h = fl.held[i];
         const std::byte* hf = rte_pktmbuf_mtod(h, const std::byte*);
-        const stack::TcpFrame hv = stack::parse_tcp_frame(hf, h->pkt_len);  // checked when it arrived
+        // Checked when it arrived; parsed again, and taken only if still valid: a memif peer's buffer may have
+        // been rewritten since (its lengths then still lie inside the mbuf).
+        const stack::TcpFrame hv = stack::parse_tcp_frame(hf, h->pkt_len);
+        if (!hv.valid) {
+            add(dropped_, 1);
+            rte_pktmbuf_free(h);
+            --ooo_held_;
+            sub(held_, 1);
+            fl.held[i] = fl.held[--fl.nheld];
+            continue;
+        }
         if (stack::seq_after(hv.seq, fl.rcv_nxt)) {
             ++i;  // still beyond a hole
             continue;
