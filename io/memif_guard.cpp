@@ -33,13 +33,16 @@
 
 #include "base/tsan.hpp"
 
+#include <sys/mman.h>
 #include <sys/socket.h>
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstddef>
 #include <cstring>
 #include <iterator>
+#include <vector>
 
 #include <rte_ethdev.h>
 #include <rte_malloc.h>
@@ -226,6 +229,156 @@ MemifDesc read_desc(const MemifDesc* ring_descs, std::uint16_t slot, std::uint16
 
 }  // namespace
 
+// One connection's regions as this process maps them itself, and its client-to-server ring's slots while
+// frames borrowed from them are out (see MemifServerPath, "Borrowed receive").
+struct MemifServerPath::Lease {
+    struct Map {
+        std::byte* addr = nullptr;
+        std::uint64_t size = 0;
+    };
+    // A ring slot's external-buffer info: its free callback gives the slot back (borrow_free).
+    struct Slot {
+        rte_mbuf_ext_shared_info shinfo;
+        Lease* lease;
+        std::uint16_t index;
+    };
+    std::vector<Map> maps;             // by region index; sized at enable_borrowing, never reallocated
+    MemifRingHead* ring = nullptr;     // the client-to-server ring, in our mapping
+    std::uint16_t mask = 0;
+    std::uint16_t released = 0;        // next slot to give back: the ring's tail as we last stored it
+    std::uint16_t taken = 0;           // next slot rx() will look at (the queue's last_head)
+    std::vector<std::uint8_t> done;    // per slot: its frame was freed (or never borrowed)
+    std::vector<Slot> slots;
+    std::atomic<std::uint32_t> out{0};  // borrowed frames not yet freed: rx() adds, borrow_free subtracts
+    bool mapped = false;               // control side only
+
+    void unmap() noexcept {
+        for (Map& m : maps) {
+            if (m.addr != nullptr) ::munmap(m.addr, m.size);
+            m = Map{};
+        }
+        ring = nullptr;
+        mapped = false;
+    }
+    // Slots whose frames are done, from the tail on, go back to the client (ring order: the tail says "all
+    // before me"). The tail is stored through our mapping: after a disconnect the memory is still ours.
+    void give_back() noexcept {
+        const std::uint16_t start = released;
+        while (released != taken && done[released & mask] != 0) {
+            done[released & mask] = 0;
+            ++released;
+        }
+        if (released != start) __atomic_store_n(ring_tail(ring), released, __ATOMIC_RELEASE);
+    }
+};
+
+namespace {
+
+// The free callback of a borrowed frame's external buffer, run by rte_pktmbuf_free on the thread that frees
+// it (the thread that calls rx(): see the header).
+void borrow_free(void*, void* opaque) {
+    auto* slot = static_cast<MemifServerPath::Lease::Slot*>(opaque);
+    MemifServerPath::Lease& l = *slot->lease;
+    l.done[slot->index] = 1;
+    l.give_back();
+    // Last: once `out` is 0, reap() may unmap the lease (pairs with its acquire load).
+    l.out.fetch_sub(1, std::memory_order_release);
+}
+
+}  // namespace
+
+MemifServerPath::MemifServerPath() = default;
+MemifServerPath::~MemifServerPath() {
+    for (auto& l : leases_) {
+        if (!l) continue;
+        if (l->out.load(std::memory_order_acquire) == 0) {
+            if (l->mapped) l->unmap();
+        } else {
+            // Frames still out (a stack that outlives its port): their callbacks will still come, so the lease
+            // and its mapping stay, left to process exit.
+            static_cast<void>(l.release());
+        }
+    }
+}
+
+bool MemifServerPath::borrowed(const rte_mbuf* m) noexcept {
+    return RTE_MBUF_HAS_EXTBUF(m) && m->shinfo != nullptr && m->shinfo->free_cb == borrow_free;
+}
+
+std::uint32_t MemifServerPath::borrowed_out() const noexcept {
+    std::uint32_t n = 0;
+    for (const auto& l : leases_)
+        if (l) n += l->out.load(std::memory_order_relaxed);
+    return n;
+}
+
+void MemifServerPath::enable_borrowing(rte_mempool* header_pool, unsigned log2_ring) {
+    const std::size_t size = std::size_t{1} << log2_ring;
+    for (auto& l : leases_) {
+        l = std::make_unique<Lease>();
+        l->maps.resize(std::size(MemifProcessPrivate{}.regions));
+        l->done.assign(size, 0);
+        l->slots.resize(size);
+        for (std::size_t i = 0; i < size; ++i) {
+            Lease::Slot& s = l->slots[i];
+            s.shinfo.free_cb = borrow_free;
+            s.shinfo.fcb_opaque = &s;
+            rte_mbuf_ext_refcnt_set(&s.shinfo, 0);
+            s.lease = l.get();
+            s.index = static_cast<std::uint16_t>(i);
+        }
+    }
+    header_pool_ = header_pool;
+}
+
+// At link-up, gate shut, lock held (so the driver's regions and their descriptors stay as they are): map the
+// client's regions ourselves. No free lease (both still have frames out), or a region we cannot map: this
+// connection copies.
+void MemifServerPath::link_up() noexcept {
+    current_ = nullptr;
+    if (header_pool_ == nullptr) return;
+    reap();
+    Lease* l = nullptr;
+    for (auto& c : leases_)
+        if (!c->mapped) l = c.get();
+    const auto* pp = static_cast<const MemifProcessPrivate*>(process_private_);
+    const auto* q = static_cast<const MemifQueue*>(rxq_);
+    if (l == nullptr || pp->regions_num > l->maps.size() || (std::size_t{1} << q->log2_ring_size) > l->slots.size())
+        return;
+    l->mapped = true;
+    for (unsigned r = 0; r < pp->regions_num; ++r) {
+        const MemifRegionHead* reg = pp->regions[r];
+        if (reg == nullptr || reg->addr == nullptr || reg->fd < 0 || reg->region_size == 0) continue;
+        void* a = ::mmap(nullptr, reg->region_size, PROT_READ | PROT_WRITE, MAP_SHARED, reg->fd, 0);
+        if (a == MAP_FAILED) {
+            l->unmap();
+            return;
+        }
+        l->maps[r] = Lease::Map{static_cast<std::byte*>(a), reg->region_size};
+    }
+    // The ring, in our mapping, where ring_of() finds it in the driver's (the same checks).
+    const Lease::Map& rm = q->region < pp->regions_num ? l->maps[q->region] : Lease::Map{};
+    if (rm.addr == nullptr || q->log2_ring_size > kMaxLog2Ring ||
+        std::uint64_t{q->ring_offset} + 2 * RTE_CACHE_LINE_SIZE + (sizeof(MemifDesc) << q->log2_ring_size) > rm.size) {
+        l->unmap();
+        return;
+    }
+    l->ring = reinterpret_cast<MemifRingHead*>(rm.addr + q->ring_offset);
+    l->mask = static_cast<std::uint16_t>((1u << q->log2_ring_size) - 1);
+    l->released = l->taken = q->last_head;
+    std::fill(l->done.begin(), l->done.end(), 0);
+    current_ = l;
+}
+
+// At link-down, gate shut: no further frames are borrowed from this connection; those still out keep its
+// mapping until reap() sees them all back.
+void MemifServerPath::link_down() noexcept { current_ = nullptr; }
+
+void MemifServerPath::reap() noexcept {
+    for (auto& l : leases_)
+        if (l && l->mapped && l.get() != current_ && l->out.load(std::memory_order_acquire) == 0) l->unmap();
+}
+
 bool MemifServerPath::attach(std::uint16_t port_id, const std::string& name, const void* wire_token, std::string& why) {
     const auto* dev = reinterpret_cast<const EthDevHead*>(rte_eth_dev_allocated(name.c_str()));
     const EthDevDataHead* data = dev != nullptr ? dev->data : nullptr;
@@ -262,6 +415,101 @@ MemifRingHead* MemifServerPath::connected_ring(void* qp, std::uint64_t& faults, 
     return ring;
 }
 
+void MemifServerPath::mark_done(Lease& l, std::uint16_t from, std::uint16_t to) noexcept {
+    for (std::uint16_t i = from; i != to; ++i) l.done[i & l.mask] = 1;
+}
+
+// A borrowed frame (k descriptors from ring slot `slot`, all checked by the caller against the driver's mapping,
+// `src`/`len`): its first kHeaderCopy bytes copied into an mbuf of ours (every header lwIP reads), then each
+// descriptor's remaining bytes either an external buffer over our own mapping of them (kBorrowPiece bytes or
+// more: that slot stays out until the mbuf is freed) or copied behind the header. Slots of which nothing is
+// borrowed are done at once. Null (nothing changed; the caller copies) when a descriptor lies outside our
+// mapping, nothing would be borrowed, or mbufs run out.
+rte_mbuf* MemifServerPath::borrow(Lease& l, const MemifDesc* d, const std::byte* const* src, const std::uint32_t* len,
+                                  unsigned k, std::uint16_t slot, std::uint32_t total) noexcept {
+    std::array<std::byte*, kMaxDescs> own;
+    std::uint32_t skip = std::min(total, kHeaderCopy);  // bytes the header copy takes, from the first descriptors
+    unsigned lent = 0;
+    for (unsigned i = 0, left = skip; i < k; ++i) {
+        const std::uint32_t used = std::min(left, len[i]);
+        left -= used;
+        own[i] = nullptr;
+        if (len[i] - used < kBorrowPiece) continue;
+        if (d[i].region >= l.maps.size()) return nullptr;
+        const Lease::Map& m = l.maps[d[i].region];
+        if (m.addr == nullptr || std::uint64_t{d[i].offset} + len[i] > m.size) return nullptr;
+        own[i] = m.addr + d[i].offset;
+        ++lent;
+    }
+    if (lent == 0) return nullptr;
+    const auto room = static_cast<std::uint32_t>(rte_pktmbuf_data_room_size(header_pool_) - RTE_PKTMBUF_HEADROOM);
+    rte_mbuf* h = rte_pktmbuf_alloc(header_pool_);
+    if (h == nullptr) return nullptr;
+    wire_acquire(wire_token_);  // the thread that freed it released before (tx(), or the stack)
+    rte_mbuf* last = h;      // the chain's last segment
+    rte_mbuf* copied = h;    // the segment copied bytes go into (null after a borrowed one until a new one)
+    // Copies `n` bytes from `s` behind the chain (into `copied`, or a new mbuf). False when mbufs run out.
+    auto copy = [&](const std::byte* s, std::uint32_t n) {
+        while (n != 0) {
+            if (copied == nullptr || copied->data_len == room) {
+                rte_mbuf* c = rte_pktmbuf_alloc(header_pool_);
+                if (c == nullptr) return false;
+                wire_acquire(wire_token_);
+                last->next = c;
+                last = copied = c;
+                ++h->nb_segs;
+            }
+            const std::uint32_t c = std::min(n, room - copied->data_len);
+            std::memcpy(rte_pktmbuf_mtod_offset(copied, std::byte*, copied->data_len), s, c);
+            copied->data_len = static_cast<std::uint16_t>(copied->data_len + c);
+            s += c;
+            n -= c;
+        }
+        return true;
+    };
+    std::uint32_t left = skip;
+    for (unsigned i = 0; i < k; ++i) {
+        const std::uint32_t used = std::min(left, len[i]);
+        left -= used;
+        bool ok = copy(src[i], used);
+        const std::uint16_t s_i = static_cast<std::uint16_t>(slot + i);
+        if (ok && own[i] != nullptr) {
+            rte_mbuf* b = rte_pktmbuf_alloc(header_pool_);
+            if (b != nullptr) {
+                wire_acquire(wire_token_);
+                Lease::Slot& sl = l.slots[s_i & l.mask];
+                rte_mbuf_ext_refcnt_set(&sl.shinfo, 1);
+                // Ownership: the bytes stay the client's ring buffer, lent to us until this mbuf is freed
+                // (borrow_free gives the slot back).
+                rte_pktmbuf_attach_extbuf(b, own[i] + used, RTE_BAD_IOVA, static_cast<std::uint16_t>(len[i] - used),
+                                          &sl.shinfo);
+                b->data_len = static_cast<std::uint16_t>(len[i] - used);
+                l.out.fetch_add(1, std::memory_order_relaxed);
+                last->next = b;
+                last = b;
+                copied = nullptr;
+                ++h->nb_segs;
+            } else {
+                ok = false;
+            }
+        } else if (ok) {
+            ok = copy(src[i] + used, len[i] - used);
+            l.done[s_i & l.mask] = 1;
+        }
+        if (!ok) {
+            // Out of mbufs: what is built goes back (its borrowed slots marked done by their callbacks, still
+            // behind `taken`), and the caller copies or waits.
+            rte_pktmbuf_free(h);
+            for (unsigned j = 0; j < k; ++j) l.done[static_cast<std::uint16_t>(slot + j) & l.mask] = 0;
+            return nullptr;
+        }
+    }
+    h->pkt_len = total;
+    h->port = port_id_;
+    __atomic_store_n(&borrowed_, borrowed_ + 1, __ATOMIC_RELAXED);
+    return h;
+}
+
 // What eth_memif_rx does for a server (client-to-server ring: the client advances head, we advance tail), with
 // every descriptor checked first and a frame taken only when all of it is there and copied.
 std::uint16_t MemifServerPath::rx(rte_mbuf** out, std::uint16_t want) noexcept {
@@ -269,8 +517,12 @@ std::uint16_t MemifServerPath::rx(rte_mbuf** out, std::uint16_t want) noexcept {
     MemifRingHead* ring = connected_ring(q, rx_faults_, rx_bad_ring_);
     if (ring == nullptr) return 0;
     const auto* pp = static_cast<const MemifProcessPrivate*>(process_private_);
-    if ((__atomic_load_n(&ring->flags, __ATOMIC_RELAXED) & kRingMaskInterrupts) == 0)
+    Lease* const lease = current_;
+    if ((__atomic_load_n(&ring->flags, __ATOMIC_RELAXED) & kRingMaskInterrupts) == 0) {
+        // The driver's burst would give back slots of frames still borrowed: nothing moves while frames are out.
+        if (lease != nullptr) return 0;
         return rte_eth_rx_burst(port_id_, 0, out, want);  // the driver also consumes the eventfd's signal
+    }
     const auto size = static_cast<std::uint16_t>(1u << q->log2_ring_size);
     const auto mask = static_cast<std::uint16_t>(size - 1);
     const MemifDesc* descs = ring_desc(ring);
@@ -292,6 +544,7 @@ std::uint16_t MemifServerPath::rx(rte_mbuf** out, std::uint16_t want) noexcept {
         // The frame: descriptors up to the first without kDescNext, all published (else wait for the rest).
         std::array<const std::byte*, kMaxDescs> src;
         std::array<std::uint32_t, kMaxDescs> len;
+        std::array<MemifDesc, kMaxDescs> descs_of_frame;
         unsigned k = 0;
         std::uint16_t end = cur;
         std::uint64_t total = 0;
@@ -302,6 +555,7 @@ std::uint16_t MemifServerPath::rx(rte_mbuf** out, std::uint16_t want) noexcept {
             if (b == nullptr || k == kMaxDescs) {
                 bad = true;
             } else {
+                descs_of_frame[k] = d;
                 src[k] = b;
                 len[k++] = d.length;
             }
@@ -314,8 +568,18 @@ std::uint16_t MemifServerPath::rx(rte_mbuf** out, std::uint16_t want) noexcept {
         if (!whole) break;
         if (bad || total > kMaxFrame) {
             fault(rx_faults_);  // dropped: its slots go back to the client with the others
+            if (lease != nullptr) mark_done(*lease, cur, end);
             cur = end;
             continue;
+        }
+        if (lease != nullptr && total >= kBorrowMin) {
+            if (rte_mbuf* f = borrow(*lease, descs_of_frame.data(), src.data(), len.data(), k, cur,
+                                     static_cast<std::uint32_t>(total))) {
+                out[n++] = f;
+                bytes += total;
+                cur = end;
+                continue;
+            }
         }
         // Ownership: fresh mbufs of the RX pool, the caller's once returned; on a shortage the frame stays in
         // the ring for the next call (the driver would lose it).
@@ -354,11 +618,17 @@ std::uint16_t MemifServerPath::rx(rte_mbuf** out, std::uint16_t want) noexcept {
         first->port = port_id_;
         out[n++] = first;
         bytes += total;
+        if (lease != nullptr) mark_done(*lease, cur, end);
         cur = end;
     }
     if (cur != q->last_head) {
         q->last_head = cur;
-        __atomic_store_n(ring_tail(ring), cur, __ATOMIC_RELEASE);  // the slots are the client's again
+        if (lease != nullptr) {
+            lease->taken = cur;
+            lease->give_back();  // the slots of what was copied or dropped, up to the first frame still out
+        } else {
+            __atomic_store_n(ring_tail(ring), cur, __ATOMIC_RELEASE);  // the slots are the client's again
+        }
     }
     q->n_pkts += n;  // the driver's statistics (rte_eth_stats_get), as its burst keeps them
     q->n_bytes += bytes;

@@ -5,14 +5,18 @@
 // Port::close). MemifServerPath is a memif server's receive and transmit, done by the port itself.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 
 struct rte_mbuf;
+struct rte_mempool;
 
 namespace softrdma::io::detail {
 
 struct MemifRingHead;  // io/memif_layout.hpp
+struct MemifDesc;
 
 // What port.cpp asked the driver for, to recognise the driver's private state.
 struct MemifExpect {
@@ -99,6 +103,38 @@ public:
     std::uint16_t rx(rte_mbuf** out, std::uint16_t want) noexcept;
     std::uint16_t tx(rte_mbuf** frames, std::uint16_t count) noexcept;
 
+    // Borrowed receive (PortConfig::memif_borrow_rx). A frame of kBorrowMin bytes or more in one ring buffer is
+    // not copied: it arrives as two mbufs, a copy of its first kHeaderCopy bytes (every header lwIP reads and
+    // rewrites in place, in memory of ours) and an external buffer over the rest, in this process's own
+    // mapping of the client's region (a lease, mapped at link-up from the region's file descriptor, so a
+    // borrowed frame stays readable after the driver unmaps at a disconnect). Its ring slot goes back to the
+    // client when the mbuf is freed (the free callback; slots in ring order), not at the end of the call.
+    // Ownership: as rx()'s; whoever frees the last segment gives the slot back. Threads: every borrowed frame
+    // must be freed on the thread that calls rx() (run to completion: the stack frees them in its turn), and
+    // none may be kept long (a held slot holds every later one: see Port::unborrow, used for segments lwIP
+    // would queue out of order).
+    // Control side (the port's link watcher, open_gate, close), with the gate shut and the driver's lock held:
+    // enable_borrowing once after attach(), link_up() at each connection, link_down() when it ends, reap()
+    // now and then (unmaps leases whose frames all came back).
+    void enable_borrowing(rte_mempool* header_pool, unsigned log2_ring);
+    void link_up() noexcept;
+    void link_down() noexcept;
+    void reap() noexcept;
+    // Borrowed frames not yet freed (any thread; relaxed).
+    std::uint32_t borrowed_out() const noexcept;
+    bool borrowing() const noexcept { return header_pool_ != nullptr; }
+    std::uint64_t frames_borrowed() const noexcept { return __atomic_load_n(&borrowed_, __ATOMIC_RELAXED); }
+    // Whether `m` (one segment) is a borrowed frame's external buffer.
+    static bool borrowed(const rte_mbuf* m) noexcept;
+    static constexpr std::uint32_t kBorrowMin = 4096;
+    static constexpr std::uint32_t kHeaderCopy = 256;  // >= Ethernet 14 + IPv4 60 + TCP 60, a few cache lines
+    static constexpr std::uint32_t kBorrowPiece = 1024;  // a descriptor's bytes borrowed from this many on
+    struct Lease;  // memif_guard.cpp
+    MemifServerPath();
+    ~MemifServerPath();
+    MemifServerPath(const MemifServerPath&) = delete;
+    MemifServerPath& operator=(const MemifServerPath&) = delete;
+
     // Frames dropped because the client described them outside its shared memory (or too long, or with too
     // many descriptors), plus ring indexes it set to impossible values and rings it placed outside its
     // regions (each counted once while it lasts); from any thread (relaxed loads).
@@ -116,6 +152,9 @@ private:
     // Queue q's ring while connected, or null: not connected, not mapped yet, or placed outside its region
     // (a fault, counted once while it lasts through `bad_ring`).
     MemifRingHead* connected_ring(void* q, std::uint64_t& faults, bool& bad_ring) noexcept;
+    static void mark_done(Lease& l, std::uint16_t from, std::uint16_t to) noexcept;
+    rte_mbuf* borrow(Lease& l, const MemifDesc* d, const std::byte* const* src, const std::uint32_t* len, unsigned k,
+                     std::uint16_t slot, std::uint32_t total) noexcept;
 
     std::uint16_t port_id_ = 0;
     const void* wire_token_ = nullptr;
@@ -129,6 +168,13 @@ private:
     std::uint32_t tx_bad_head_ = ~0u;
     bool rx_bad_ring_ = false;  // the ring lies outside its region, counted once until it does not
     bool tx_bad_ring_ = false;
+    // Borrowed receive: the pool of the two mbufs a borrowed frame takes (null: borrowing off), two leases
+    // (the connection's, and one whose frames may still be out after a disconnect), the one rx() uses (null:
+    // copy; written by the control side while the gate is shut, read by rx() inside it).
+    rte_mempool* header_pool_ = nullptr;
+    std::unique_ptr<Lease> leases_[2];
+    Lease* current_ = nullptr;
+    std::uint64_t borrowed_ = 0;  // frames borrowed, written by rx() only
 };
 
 }  // namespace softrdma::io::detail

@@ -85,6 +85,7 @@ static_assert(offsetof(MemifQueue, buffers) == 32 && offsetof(MemifQueue, log2_r
 struct MemifRegionHead {
     void* addr;
     std::uint64_t region_size;  // bytes mapped at addr
+    int fd;                     // the region's memory (a server keeps it open while connected)
 };
 struct MemifProcessPrivate {
     MemifRegionHead* regions[256];

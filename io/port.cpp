@@ -252,6 +252,7 @@ void Port::open_gate(std::chrono::steady_clock::time_point deadline) {
             std::this_thread::sleep_for(std::chrono::milliseconds(1));
         }
         if (memif_zero_copy_) restore_eal_files(name_);  // the link is up: the handshake is over
+        if (own_server_path_) server_path_.link_up();    // lock held, gate shut: the regions are there
         stop_watcher_.store(false);
         const std::string thread_name = "sr-link-" + std::to_string(port_id_);
         if (rte_ctrl_thread_create(&watcher_, thread_name.c_str(), nullptr, &Port::watch_link_main, this) != 0)
@@ -290,14 +291,17 @@ void Port::watch_link() noexcept {
         if (guard_.held() && !up) {
             if (!shut_gate(kGateTimeout)) continue;  // a burst still inside: keep the lock, try again
             if (memif_zero_copy_) guard_.reclaim_lent();  // the rings are still mapped: we held the lock throughout
+            if (own_server_path_) server_path_.link_down();  // frames still borrowed keep our own mapping
             guard_.release();
             link_losses_.fetch_add(1, std::memory_order_relaxed);
         } else if (!guard_.held() && up && guard_.try_hold()) {
             // Link seen up, then the lock taken: a disconnect starting now waits for us; one that already
             // passed the lock cleared the driver's CONNECTED flag first, so bursts return at once.
             if (memif_zero_copy_) restore_eal_files(name_);
+            if (own_server_path_) server_path_.link_up();
             open_.store(true);
         }
+        if (own_server_path_) server_path_.reap();  // leases of ended connections whose frames all came back
     }
 }
 
@@ -385,6 +389,10 @@ Port::CloseResult Port::close() noexcept {
     }
     rx_faults_.reset();  // no burst runs any more: the frames they hold go back to the pool
     tx_faults_.reset();
+    if (own_server_path_) {
+        server_path_.link_down();
+        server_path_.reap();  // what is still borrowed keeps its mapping (see ~MemifServerPath)
+    }
     if (started_) {
         if (guard_.attached()) {
             if (finish_memif_link() != CloseResult::clean) return close_result_;
@@ -402,6 +410,30 @@ Port::CloseResult Port::close() noexcept {
     if (capture_) capture_->flush();
     close_result_ = CloseResult::clean;
     return close_result_;
+}
+
+bool Port::borrowed(const rte_mbuf* m) noexcept {
+    for (; m != nullptr; m = m->next)
+        if (detail::MemifServerPath::borrowed(m)) return true;
+    return false;
+}
+
+rte_mbuf* Port::unborrow(rte_mbuf* m) noexcept {
+    rte_mempool* pool = rx_pool_ != nullptr ? rx_pool_ : pool_;
+    const std::uint32_t room = rte_pktmbuf_data_room_size(pool) - std::uint32_t{RTE_PKTMBUF_HEADROOM};
+    rte_mbuf* c = m->pkt_len <= room ? rte_pktmbuf_alloc(pool) : nullptr;
+    if (c != nullptr) {
+        std::uint32_t off = 0;
+        for (const rte_mbuf* seg = m; seg != nullptr; seg = seg->next) {
+            std::memcpy(rte_pktmbuf_mtod_offset(c, std::byte*, off), rte_pktmbuf_mtod(seg, const std::byte*), seg->data_len);
+            off += seg->data_len;
+        }
+        c->data_len = static_cast<std::uint16_t>(off);
+        c->pkt_len = off;
+        c->port = m->port;
+    }
+    rte_pktmbuf_free(m);  // ownership: ours (taken); a borrowed segment's slot goes back to the client
+    return c;
 }
 
 void Port::attach_guard(const PortConfig& cfg) {
@@ -426,6 +458,10 @@ void Port::attach_guard(const PortConfig& cfg) {
     if (guard_.attached() && cfg.memif_server && cfg.memif_own_server_path) {
         own_server_path_ = server_path_.attach(port_id_, name_, this, why);
         if (!own_server_path_) log::warn("{}: the memif server moves frames through DPDK's driver", why);
+        // Borrowing needs frames whole in one buffer (large frames) and nothing that keeps frames back (fault
+        // injection delays and reorders received ones).
+        if (own_server_path_ && cfg.memif_borrow_rx && large_frames_ && rx_faults_ == nullptr)
+            server_path_.enable_borrowing(pool_, memif_log2_ring(cfg));
     }
 }
 
@@ -520,8 +556,10 @@ void Port::start(const PortConfig& cfg) {
     if (n == 0) {
         // (+ what fault injection may hold back, both directions, when it is on)
         // (+ what a memif zero-copy driver keeps: driver_held())
+        // (+ a memif server borrowing frames: two mbufs per frame out, at most one per ring slot)
         const std::uint32_t need = cfg.rx_descriptors + cfg.tx_descriptors + kStackHeldFrames +
                                    kPoolCache * cached_threads() + driver_held_ +
+                                   (cfg.memif_borrow_rx && memif_ && cfg.memif_server ? 2u << memif_log2_ring(cfg) : 0) +
                                    (faults.any() ? 2 * static_cast<std::uint32_t>(FaultInjector::kHeld) : 0);
         n = 1;
         while (n < need + 1) n <<= 1;

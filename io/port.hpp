@@ -125,6 +125,18 @@ public:
     // Times the link went down under this port (the peer left) while it was open.
     unsigned link_losses() const noexcept { return link_losses_.load(std::memory_order_relaxed); }
 
+    // Borrowed receive (PortConfig::memif_borrow_rx; io::detail::MemifServerPath): on or not, whether frame `m`
+    // has a borrowed segment, and unborrow(): a copy of it in an mbuf of the RX pool, `m` freed (its ring slot
+    // goes back to the client), for a frame that would be kept (lwIP's out-of-order queue). Ownership: `m`
+    // taken; the copy is the caller's; null when no mbuf is left (the frame is gone: TCP resends it).
+    // Same thread as rx_burst.
+    bool borrowing() const noexcept { return own_server_path_ && server_path_.borrowing(); }
+    static bool borrowed(const rte_mbuf* m) noexcept;
+    rte_mbuf* unborrow(rte_mbuf* m) noexcept;
+    // Frames borrowed so far, and those not yet freed (any thread; relaxed).
+    std::uint64_t frames_borrowed() const noexcept { return own_server_path_ ? server_path_.frames_borrowed() : 0; }
+    std::uint32_t borrowed_out() const noexcept { return own_server_path_ ? server_path_.borrowed_out() : 0; }
+
     // An mbuf from this port's pool (nullptr when the pool is empty). Ownership: the caller's.
     rte_mbuf* alloc() noexcept { return rte_pktmbuf_alloc(pool_); }
     rte_mempool* pool() const noexcept { return pool_; }
@@ -167,7 +179,11 @@ public:
         PortCounters c = counters_tx_view();
         c.rx_packets = __atomic_load_n(&counters_.rx_packets, __ATOMIC_RELAXED);
         c.rx_bytes = __atomic_load_n(&counters_.rx_bytes, __ATOMIC_RELAXED);
-        if (own_server_path_) c.peer_faults = server_path_.peer_faults();
+        if (own_server_path_) {
+            c.peer_faults = server_path_.peer_faults();
+            c.rx_borrowed = server_path_.frames_borrowed();
+            c.rx_borrowed_out = server_path_.borrowed_out();
+        }
         return c;
     }
     // The driver's own statistics (imissed, ierrors, rx_nombuf...).

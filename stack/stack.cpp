@@ -2,6 +2,7 @@
 #include "stack/stack.hpp"
 
 #include "stack/tcp.hpp"
+#include "stack/frame.hpp"
 
 #include <arpa/inet.h>
 #include <sched.h>
@@ -629,9 +630,37 @@ void Stack::drop_tx_queue() noexcept {
     tx_head_ = tx_tail_ = 0;
 }
 
+// A borrowed frame (io::Port::borrowed: its payload still in the memif client's ring) holds a ring slot, and
+// every later slot waits behind it, until it is freed: lwIP may have it only if it is done with it within this
+// call. It keeps the segments that are not next in their connection's sequence (its out-of-order queue); our
+// TCP handlers keep nothing past their call, IP reassembly is off and nothing is refused (on_recv_cb). So a
+// segment of an established connection at or before rcv_nxt is taken at once; anything else is copied first.
+// The headers read here are the frame's private copy (MemifServerPath::kHeaderCopy). lwIP moves the connection
+// it finds to the front of its list: the walk is short while a connection streams.
+bool Stack::taken_at_once(const rte_mbuf* m) noexcept {
+    const TcpFrame v = parse_tcp_frame(rte_pktmbuf_mtod(m, const std::byte*), m->pkt_len);
+    if (!v.valid || m->data_len < v.hdr_len) return false;
+    for (const tcp_pcb* pcb = tcp_active_pcbs; pcb != nullptr; pcb = pcb->next) {
+        if (pcb->remote_port != v.src_port || pcb->local_port != v.dst_port ||
+            ip4_addr_get_u32(ip_2_ip4(&pcb->remote_ip)) != v.src_ip_be)
+            continue;
+        return pcb->state == ESTABLISHED && pcb->refused_data == nullptr && !seq_after(v.seq, pcb->rcv_nxt);
+    }
+    return false;
+}
+
 // wire -> lwIP. Ownership: the mbuf comes from the port (ours); each segment is wrapped in an RxPbuf and
 // passed to lwIP, which owns it from here (see RxPbuf). On failure we free what we still own.
 void Stack::input(rte_mbuf* m) noexcept {
+    const bool lent = port_.borrowing() && io::Port::borrowed(m);  // a chain by design (not rx_chained)
+    if (lent && !taken_at_once(m)) [[unlikely]] {
+        m = port_.unborrow(m);  // ownership: m taken, the copy ours
+        ++counters_.rx_unborrowed;
+        if (m == nullptr) {
+            ++counters_.rx_dropped;
+            return;
+        }
+    }
     pbuf* head = nullptr;
     for (rte_mbuf* seg = m; seg != nullptr;) {
         rte_mbuf* next = seg->next;
@@ -656,7 +685,7 @@ void Stack::input(rte_mbuf* m) noexcept {
         seg = next;
     }
     ++counters_.rx_frames;
-    counters_.rx_chained += m->nb_segs > 1 ? 1 : 0;
+    counters_.rx_chained += m->nb_segs > 1 && !lent ? 1 : 0;
     if (netif_->input(head, netif_.get()) != ERR_OK) {
         ++counters_.rx_dropped;
         pbuf_free(head);

@@ -220,6 +220,7 @@ private:
     // Zero-copy transmit: payload pieces shorter than this are copied into the header mbuf instead.
     static constexpr std::uint16_t kCopyBreak = 256;
     void input(rte_mbuf* m) noexcept;
+    bool taken_at_once(const rte_mbuf* m) noexcept;
     void deliver(pbuf* p) noexcept;
     void drop_tx_queue() noexcept;
     void resend_refused_acks() noexcept;

@@ -33,6 +33,9 @@ Engine::Engine(const ContextConfig& cfg) : cfg_(cfg), mem_(cfg.max_mr == 0 || cf
     if (rx_thread && cfg.max_qp > 65535) throw Error("ContextConfig: the RX thread follows at most 65535 connections (max_qp)");
     io::PortConfig pcfg = cfg.port;
     pcfg.memif_large_frames = pcfg.memif_large_frames || cfg.large_segments;
+    // Borrowed frames must be freed on the thread that receives them (run to completion); the RX thread holds
+    // frames across a handover.
+    if (rx_thread) pcfg.memif_borrow_rx = false;
     port_ = io::open_port(pcfg, cfg.eal);
     if (cfg.threading.app_core >= 0) threading::pin_this_thread(cfg.threading.app_core);
     stack::StackConfig scfg;

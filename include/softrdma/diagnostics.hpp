@@ -19,6 +19,10 @@ struct PortCounters {
     // memif server: frames the client described outside its shared memory (or over 64 KiB), dropped, and
     // impossible ring indexes it published (io/memif_guard.hpp, MemifServerPath). Always 0 from a sound peer.
     std::uint64_t peer_faults = 0;
+    // memif server borrowing frames (PortConfig::memif_borrow_rx): frames received without a copy out of the
+    // client's ring, and of those not yet freed (each holds a ring slot).
+    std::uint64_t rx_borrowed = 0;
+    std::uint64_t rx_borrowed_out = 0;
 };
 
 // Fault injection in io (PortConfig::faults), per direction: what was done to frames.
@@ -30,8 +34,12 @@ struct FaultCounters {
 struct StackCounters {
     std::uint64_t rx_frames = 0;
     std::uint64_t rx_chained = 0;   // of which arrived as a chain of mbufs (a frame larger than one RX mbuf; with
-                                    // large frames each arrives whole in one, io::Port::kLargeRxFrame)
+                                    // large frames each arrives whole in one, io::Port::kLargeRxFrame; borrowed
+                                    // frames, chains by design, are not counted: PortCounters::rx_borrowed)
     std::uint64_t rx_dropped = 0;   // no RX buffer free, or the stack refused the frame
+    std::uint64_t rx_unborrowed = 0;  // borrowed frames (PortCounters::rx_borrowed) copied before lwIP took them:
+                                      // segments it would have kept (out of order), or not an established
+                                      // connection's
     std::uint64_t tx_frames = 0;
     std::uint64_t tx_dropped = 0;   // lost: frame too large, or the link went down with frames queued
     std::uint64_t tx_deferred = 0;  // handed back to lwIP (no mbuf, or the TX queue stayed full): TCP keeps the

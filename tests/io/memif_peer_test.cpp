@@ -38,18 +38,31 @@ constexpr auto kWait = 10s;  // any one step: the link, a frame, the server taki
 enum Tag : std::uint32_t { data = 1, go = 2, reply = 3, done = 4, ack = 5 };
 constexpr std::uint16_t kLen = 600;
 
-rte_mbuf* make_frame(io::Port& port, Tag tag, std::uint32_t seq) {
-    rte_mbuf* m = port.alloc();
-    if (m == nullptr) throw std::runtime_error("no mbuf");
-    auto* p = static_cast<std::byte*>(static_cast<void*>(rte_pktmbuf_append(m, kLen)));
+// A frame of `len` bytes, chained over as many of the port's mbufs as it needs.
+rte_mbuf* make_frame(io::Port& port, Tag tag, std::uint32_t seq, std::uint16_t len) {
+    std::vector<std::byte> bytes(len);
     const std::uint32_t head[2] = {tag, seq};
-    std::memcpy(p, head, sizeof head);
-    fill_pattern(tag * 1000u + seq, 0, std::span(p + 8, kLen - 8u));
-    return m;
+    std::memcpy(bytes.data(), head, sizeof head);
+    fill_pattern(tag * 1000u + seq, 0, std::span(bytes).subspan(8));
+    rte_mbuf* first = nullptr;
+    for (std::uint32_t off = 0; off < len;) {
+        rte_mbuf* m = port.alloc();
+        if (m == nullptr || (first != nullptr && rte_pktmbuf_chain(first, m) != 0)) {
+            if (m != nullptr) rte_pktmbuf_free(m);
+            if (first != nullptr) rte_pktmbuf_free(first);
+            throw std::runtime_error("no mbuf");
+        }
+        if (first == nullptr) first = m;
+        const auto n = static_cast<std::uint16_t>(std::min<std::uint32_t>(len - off, rte_pktmbuf_tailroom(m)));
+        std::memcpy(rte_pktmbuf_append(m, n), bytes.data() + off, n);
+        if (m != first) first->pkt_len += n;  // rte_pktmbuf_append counted it in m's own pkt_len only
+        off += n;
+    }
+    return first;
 }
 
-void send(io::Port& port, Tag tag, std::uint32_t seq) {
-    rte_mbuf* m = make_frame(port, tag, seq);
+void send(io::Port& port, Tag tag, std::uint32_t seq, std::uint16_t len = kLen) {
+    rte_mbuf* m = make_frame(port, tag, seq, len);
     const auto deadline = Clock::now() + kWait;
     while (port.tx_burst(std::span(&m, 1)) != 1) {  // taken: the driver's (or the server path's) now
         if (Clock::now() >= deadline) {
@@ -60,24 +73,30 @@ void send(io::Port& port, Tag tag, std::uint32_t seq) {
     }
 }
 
-// "" for a sound frame of kLen with the pattern its tag and sequence number say; else what is wrong. Sets
-// tag/seq. Frees the mbuf (ours since rx_burst).
-std::string take(rte_mbuf* m, std::uint32_t& tag, std::uint32_t& seq) {
+// "" for a sound frame of `len` bytes with the pattern its tag and sequence number say; else what is wrong.
+// Sets tag/seq. The mbuf stays the caller's.
+std::string check(const rte_mbuf* m, std::uint32_t& tag, std::uint32_t& seq, std::uint32_t len = kLen) {
     std::string err;
     std::vector<std::byte> bytes(rte_pktmbuf_pkt_len(m));
     if (!bytes.empty()) {  // (rte_pktmbuf_read copies only a frame of several segments; else it points into it)
         const void* p = rte_pktmbuf_read(m, 0, static_cast<std::uint32_t>(bytes.size()), bytes.data());
         if (p != bytes.data()) std::memcpy(bytes.data(), p, bytes.size());
     }
-    rte_pktmbuf_free(m);
     tag = seq = 0;
-    if (bytes.size() != kLen) return "a frame of " + std::to_string(bytes.size()) + " bytes";
+    if (bytes.size() != len) return "a frame of " + std::to_string(bytes.size()) + " bytes";
     std::uint32_t head[2];
     std::memcpy(head, bytes.data(), sizeof head);
     tag = head[0];
     seq = head[1];
     if (check_pattern(tag * 1000u + seq, 0, std::span(bytes).subspan(8)) >= 0)
         err = "content of frame " + std::to_string(tag) + "/" + std::to_string(seq);
+    return err;
+}
+
+// check(), then frees the mbuf (ours since rx_burst).
+std::string take(rte_mbuf* m, std::uint32_t& tag, std::uint32_t& seq) {
+    std::string err = check(m, tag, seq);
+    rte_pktmbuf_free(m);
     return err;
 }
 
@@ -240,7 +259,105 @@ int client_role(const std::string& socket) {
     return port->close() == io::Port::CloseResult::clean ? 0 : 2;
 }
 
+// ---- borrowed frames (PortConfig::memif_borrow_rx) ----
+
+constexpr std::uint16_t kBig = 8000;  // borrowed: at least MemifServerPath::kBorrowMin
+constexpr unsigned kHeld = 4;
+
+io::PortConfig borrow_config(const std::string& socket, bool server) {
+    io::PortConfig cfg = config(socket, server);
+    cfg.memif_large_frames = true;  // one frame per ring buffer
+    cfg.memif_borrow_rx = true;
+    return cfg;
+}
+
+// Takes four large frames and keeps them: they arrive borrowed, intact. Frees the second, then the first, telling
+// the client after each (it checks its ring's tail: nothing back while the first is out, then both). Once the
+// client has gone (the driver unmapped its memory), the two still held must still read intact.
+int borrow_server(const std::string& socket) {
+    io::EalConfig eal;
+    eal.lcores = "0";
+    auto port = io::open_port(borrow_config(socket, true), eal);
+    const unsigned start_in_use = port->mbufs_in_use();
+    std::vector<rte_mbuf*> held;
+    std::string err;
+    auto fail = [&](const std::string& e) { if (err.empty()) err = e; };
+    const auto deadline = Clock::now() + kWait;
+    while (held.size() < kHeld && Clock::now() < deadline) {
+        std::array<rte_mbuf*, kHeld> burst;
+        const unsigned n = port->rx_burst(std::span(burst).first(kHeld - held.size()));
+        held.insert(held.end(), burst.begin(), burst.begin() + n);
+    }
+    if (held.size() != kHeld) fail("received " + std::to_string(held.size()) + " frames");
+    for (unsigned i = 0; i < held.size(); ++i) {
+        std::uint32_t tag = 0, seq = 0;
+        if (const std::string e = check(held[i], tag, seq, kBig); !e.empty()) fail(e);
+        if (tag != data || seq != i) fail("frame " + std::to_string(i) + " out of order");
+    }
+    const PortCounters c = port->counters();
+    report("borrowed " + std::to_string(c.rx_borrowed) + ", out " + std::to_string(c.rx_borrowed_out));
+    if (c.rx_borrowed != kHeld || c.rx_borrowed_out != kHeld) fail("frames not borrowed as they arrived");
+    if (held.size() == kHeld) {
+        rte_pktmbuf_free(held[1]);  // ownership: ours since rx_burst
+        send(*port, reply, 1);
+        await(*port, go);  // the client has looked at its tail
+        rte_pktmbuf_free(held[0]);
+        send(*port, reply, 0);
+        held.erase(held.begin(), held.begin() + 2);
+    }
+    const auto leave_by = Clock::now() + kWait;
+    while (port->link_up() && Clock::now() < leave_by) std::this_thread::sleep_for(1ms);
+    if (port->link_up()) fail("the client did not leave");
+    std::this_thread::sleep_for(20ms);  // the driver's disconnect has unmapped the client's memory by now
+    for (unsigned i = 0; i < held.size(); ++i) {
+        std::uint32_t tag = 0, seq = 0;
+        if (const std::string e = check(held[i], tag, seq, kBig); !e.empty()) fail("after the client left: " + e);
+        if (seq != i + 2) fail("after the client left: frame " + std::to_string(seq));
+        rte_pktmbuf_free(held[i]);
+    }
+    if (port->counters().rx_borrowed_out != 0) fail("borrowed frames still out after all were freed");
+    if (port->mbufs_in_use() != start_in_use)
+        fail("mbufs in use " + std::to_string(port->mbufs_in_use()) + ", " + std::to_string(start_in_use) + " at start");
+    if (port->close() != io::Port::CloseResult::clean) fail("close not clean");
+    if (!err.empty()) report(err);
+    return err.empty() ? 0 : 2;
+}
+
+// Sends four large frames and watches its client-to-server ring's tail, which says what the server gave back.
+int borrow_client(const std::string& socket) {
+    io::EalConfig eal;
+    eal.lcores = "1";
+    auto port = io::open_port(borrow_config(socket, false), eal);
+    const Rings r(*port);
+    const mem::MemifRingHead* ring = r.ring(r.txq);
+    auto tail = [&] { return __atomic_load_n(mem::ring_tail(const_cast<mem::MemifRingHead*>(ring)), __ATOMIC_ACQUIRE); };
+    const std::uint16_t t0 = tail();
+    for (unsigned i = 0; i < kHeld; ++i) send(*port, data, i, kBig);
+    await(*port, reply);  // the second frame freed: its slot waits behind the first's
+    if (tail() != t0) throw std::runtime_error("slots given back while the first frame is held: tail " +
+                                               std::to_string(tail() - t0));
+    send(*port, go, 0);
+    await(*port, reply);  // the first freed too: both go back, in ring order
+    if (tail() != static_cast<std::uint16_t>(t0 + 2))
+        throw std::runtime_error("tail moved by " + std::to_string(static_cast<std::uint16_t>(tail() - t0)) + ", not 2");
+    report("tail held, then moved by 2");
+    return port->close() == io::Port::CloseResult::clean ? 0 : 2;
+}
+
 }  // namespace
+
+TEST_CASE("a memif server borrowing frames gives each ring slot back when its frame is freed, in ring order, and "
+          "reads held frames after the client left", "[io][memif][peer][borrow]") {
+    const std::string socket = "/run/" + unique_name("sr-memif-borrow") + ".sock";
+    const auto outcomes = run_roles({{"server", [&] { return borrow_server(socket); }},
+                                     {"client", [&] { return borrow_client(socket); }, 200ms}},
+                                    60s);
+    for (const auto& o : outcomes) {
+        INFO(o.name << ": " << o.report);
+        CHECK(o.exit_code == 0);
+        CHECK_FALSE(o.timed_out);
+    }
+}
 
 TEST_CASE("a memif client writing descriptors outside its memory: the server drops those frames, counts them, "
           "delivers the rest", "[io][memif][peer]") {

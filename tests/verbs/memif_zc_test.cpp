@@ -57,9 +57,19 @@ void run_memif_pair(Server server, Client client) {
     check_outcomes(out);
 }
 
+// The server end borrowing frames (PortConfig::memif_borrow_rx), and faults on the client's transmit.
+struct Borrow {
+    bool on = false;
+    bool client_faults = false;  // drops, duplicates and reordering: segments the server must copy
+    bool zero_copy_client = true;
+};
+
 // The exchange, with the client's TX chunks as zero_copy_client sets them.
-void exchange(std::uint32_t tx_chunks, bool tx_arena = true) {
-    auto server = [](const PeerConfig& cfg) {
+void exchange(std::uint32_t tx_chunks, bool tx_arena = true, Borrow borrow = {}) {
+    auto server = [borrow](const PeerConfig& base) {
+        PeerConfig cfg = base;
+        cfg.port.memif_borrow_rx = borrow.on;
+        if (borrow.client_faults) g_checksums_on = true;  // as the client's (on with its faults): one process each
         Peer p(cfg, kBytes, kAll);
         if (p.ctx->impl().port().memif_zero_copy()) throw std::runtime_error("the server end reports zero-copy");
         p.post_recv(1, kSendAt, static_cast<std::uint32_t>(kMax));
@@ -83,11 +93,32 @@ void exchange(std::uint32_t tx_chunks, bool tx_arena = true) {
             expect_ok(p.wait_wc(1, kLong));
         }
         expect_ok(p.wait_wc(1, kLong));  // the client's last word: it has read everything
+        if (borrow.on && p.ctx->threading_mode() == ThreadingMode::run_to_completion) {
+            // Every large frame of the client's arrived borrowed, and each came back (its ring slot with it):
+            // the stack keeps none past its turn.
+            const PortCounters pc = verbs::diagnostics::port(*p.ctx);
+            const StackCounters sc = verbs::diagnostics::stack(*p.ctx);
+            if (pc.rx_borrowed < 100) throw std::runtime_error("borrowed only " + std::to_string(pc.rx_borrowed));
+            if (pc.rx_borrowed_out != 0)
+                throw std::runtime_error(std::to_string(pc.rx_borrowed_out) + " borrowed frames still out");
+            // With faults, segments after a loss are out of order: copied before lwIP queues them.
+            if (borrow.client_faults != (sc.rx_unborrowed != 0))
+                throw std::runtime_error("unborrowed " + std::to_string(sc.rx_unborrowed) + " frames");
+            report("borrowed " + std::to_string(pc.rx_borrowed) + ", copied before lwIP " +
+                   std::to_string(sc.rx_unborrowed));
+        }
         return p.end(0);
     };
-    auto client = [tx_chunks, tx_arena](const PeerConfig& base) {
-        Peer p(zero_copy_client(base, tx_chunks, tx_arena), kBytes, kAll);
-        if (!p.ctx->impl().port().memif_zero_copy()) throw std::runtime_error("zero-copy is off");
+    auto client = [tx_chunks, tx_arena, borrow](const PeerConfig& base) {
+        PeerConfig cfg = borrow.zero_copy_client ? zero_copy_client(base, tx_chunks, tx_arena) : base;
+        if (!borrow.zero_copy_client) cfg.port.memif_zero_copy = false;
+        if (borrow.client_faults) {
+            cfg.port.faults.tx = {.drop = 0.02, .duplicate = 0.01, .reorder = 0.05};
+            cfg.port.faults.seed = 11;
+        }
+        Peer p(cfg, kBytes, kAll);
+        if (p.ctx->impl().port().memif_zero_copy() != borrow.zero_copy_client)
+            throw std::runtime_error("zero-copy is not as asked");
         p.connect();
         for (int r = 0; r < kRounds; ++r) {
             const std::size_t len = kSizes[r % std::size(kSizes)];
@@ -181,4 +212,13 @@ TEST_CASE("memif zero-copy client out of TX chunks: copied frames of several mbu
 TEST_CASE("memif zero-copy client without TX chunks: every frame copied, every byte checked",
           "[verbs][memif][zero-copy]") {
     if (zero_copy_possible()) exchange(0, false);
+}
+
+// The memif server reading the client's large frames where the client wrote them (PortConfig::memif_borrow_rx,
+// run to completion; with the RX thread the engine turns it off): the same exchange, every byte checked, every
+// borrowed frame back at the end; from a copying client whose transmit drops, duplicates and reorders frames,
+// the segments lwIP would keep out of order are copied first (StackCounters::rx_unborrowed).
+TEST_CASE("memif server borrowing frames: every byte checked, every slot back", "[verbs][memif][borrow]") {
+    if (zero_copy_possible()) exchange(0, true, {.on = true});
+    exchange(0, true, {.on = true, .client_faults = true, .zero_copy_client = false});
 }
