@@ -125,7 +125,7 @@ struct PortConfig {
     // ring. Its first 256 bytes (every header TCP/IP reads) are copied, the rest is read where the client wrote
     // it, through this process's own mapping of the client's memory, and each ring slot goes back to the
     // client once its frame has been placed (io::detail::MemifServerPath, "Borrowed receive"): 8 MiB streams
-    // 8-13 % faster (README, "Reading frames in place"). A segment TCP would keep out of order is copied
+    // 10-13 % faster (README, "Reading frames in place"). A segment TCP would keep out of order is copied
     // first. Off with an RX thread (the engine turns it off) and with fault injection on this port.
     bool memif_borrow_rx = true;
     // Write every frame sent and received to this pcap file (tshark/Wireshark); empty = off. Debug aid:
