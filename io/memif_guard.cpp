@@ -518,17 +518,19 @@ std::uint16_t MemifServerPath::rx(rte_mbuf** out, std::uint16_t want) noexcept {
     if (ring == nullptr) return 0;
     const auto* pp = static_cast<const MemifProcessPrivate*>(process_private_);
     Lease* const lease = current_;
-    if ((__atomic_load_n(&ring->flags, __ATOMIC_RELAXED) & kRingMaskInterrupts) == 0) {
-        // The driver's burst would give back slots of frames still borrowed: nothing moves while frames are out.
-        if (lease != nullptr) return 0;
-        return rte_eth_rx_burst(port_id_, 0, out, want);  // the driver also consumes the eventfd's signal
-    }
+    // A receiver asking for interrupts (io never does): the driver's burst, which also consumes the eventfd's
+    // signal. Not while borrowing: it would give back the slots of frames still out (and we poll anyway).
+    if (lease == nullptr && (__atomic_load_n(&ring->flags, __ATOMIC_RELAXED) & kRingMaskInterrupts) == 0)
+        return rte_eth_rx_burst(port_id_, 0, out, want);
     const auto size = static_cast<std::uint16_t>(1u << q->log2_ring_size);
     const auto mask = static_cast<std::uint16_t>(size - 1);
     const MemifDesc* descs = ring_desc(ring);
     std::uint16_t cur = q->last_head;
     const std::uint16_t head = __atomic_load_n(&ring->head, __ATOMIC_ACQUIRE);  // pairs with the client's release
-    if (static_cast<std::uint16_t>(head - cur) > size) {
+    // Borrowing, the client may use only the slots we gave back: a head further than a ring past them would
+    // put new frames into slots still out.
+    if (static_cast<std::uint16_t>(head - cur) > size ||
+        (lease != nullptr && static_cast<std::uint16_t>(head - lease->released) > size)) {
         if (head != rx_bad_head_) fault(rx_faults_);  // more published than the ring holds: nothing is taken
         rx_bad_head_ = head;
         return 0;

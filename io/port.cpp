@@ -145,11 +145,12 @@ Port::Port(std::uint16_t port_id, std::string name, const PortConfig& cfg, bool 
 Port::~Port() {
     // The pool outlives nothing that uses it: the stack returns every mbuf before the Port goes. A port left
     // to process exit may still reference it, so its pool stays too.
-    if (close() == CloseResult::clean) {
+    if (close() == CloseResult::clean && borrowed_out() == 0) {
         if (pool_ != nullptr) rte_mempool_free(pool_);
         if (rx_pool_ != nullptr) rte_mempool_free(rx_pool_);
     } else {
-        // Frames in the port's rings may still reference it: left to process exit (kept reachable).
+        // Frames in the port's rings may still reference it, or borrowed frames still out (a stack that
+        // outlives its port): left to process exit (kept reachable).
         static std::vector<TxArena*> left;
         left.push_back(tx_arena_.release());
     }

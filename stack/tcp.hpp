@@ -74,7 +74,9 @@ public:
     struct Handler {
         virtual ~Handler() = default;
         virtual void on_connected(TcpConnection&) {}
-        // New bytes, in order. Ownership of the bytes passes to the handler with `data`.
+        // New bytes, in order. Ownership of the bytes passes to the handler with `data`. Keep them only for the
+        // call: they may be a memif client's ring buffer, lent until they are freed (io::Port::borrowed), and
+        // every later ring slot waits behind them.
         virtual void on_receive(TcpConnection&, RecvBuffer data) = 0;
         // `bytes` more of what we wrote were acknowledged: room to write again.
         virtual void on_sent(TcpConnection&, std::size_t /*bytes*/) {}

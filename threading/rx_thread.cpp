@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <stdexcept>
 #include <system_error>
 
 #include <rte_lcore.h>
@@ -67,6 +68,11 @@ RxThread::RxThread(io::Port& port, const ThreadingConfig& cfg, unsigned max_flow
       flows_(max_flows_),
       index_(index_capacity(max_flows_), 0),
       linear_(new std::byte[slot_size_]) {
+    // Borrowed frames must be freed on the thread that receives them, and this thread keeps frames across a
+    // handover (a held frame holds the memif client's ring): the port must copy (the engine sees to it).
+    if (port.borrowing())
+        throw std::invalid_argument("RxThread: the port borrows received frames (PortConfig::memif_borrow_rx); "
+                                    "an RX thread needs it off");
     for (std::uint32_t s = 0; s < nslots_; ++s) free_.push(s);
     for (std::uint32_t s = 0; s < nlarge_; ++s) large_free_.push(nslots_ + s);
     // The thread pins itself (an std::thread inherits its creator's affinity, which DPDK's EAL set to the

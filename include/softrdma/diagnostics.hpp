@@ -20,7 +20,8 @@ struct PortCounters {
     // impossible ring indexes it published (io/memif_guard.hpp, MemifServerPath). Always 0 from a sound peer.
     std::uint64_t peer_faults = 0;
     // memif server borrowing frames (PortConfig::memif_borrow_rx): frames received without a copy out of the
-    // client's ring, and of those not yet freed (each holds a ring slot).
+    // client's ring, and the ring slots their parts still hold (one per borrowed descriptor; 0 once all are
+    // freed).
     std::uint64_t rx_borrowed = 0;
     std::uint64_t rx_borrowed_out = 0;
 };

@@ -272,8 +272,9 @@ io::PortConfig borrow_config(const std::string& socket, bool server) {
 }
 
 // Takes four large frames and keeps them: they arrive borrowed, intact. Frees the second, then the first, telling
-// the client after each (it checks its ring's tail: nothing back while the first is out, then both). Once the
-// client has gone (the driver unmapped its memory), the two still held must still read intact.
+// the client after each (it checks its ring's tail: nothing back while the first is out, then both; in between
+// it publishes a head that would reuse slots still out: one peer fault). Once the client has gone (the driver
+// unmapped its memory), the two still held must still read intact.
 int borrow_server(const std::string& socket) {
     io::EalConfig eal;
     eal.lcores = "0";
@@ -316,6 +317,7 @@ int borrow_server(const std::string& socket) {
         rte_pktmbuf_free(held[i]);
     }
     if (port->counters().rx_borrowed_out != 0) fail("borrowed frames still out after all were freed");
+    if (port->counters().peer_faults != 1) fail("peer faults " + std::to_string(port->counters().peer_faults) + ", not 1");
     if (port->mbufs_in_use() != start_in_use)
         fail("mbufs in use " + std::to_string(port->mbufs_in_use()) + ", " + std::to_string(start_in_use) + " at start");
     if (port->close() != io::Port::CloseResult::clean) fail("close not clean");
@@ -336,6 +338,15 @@ int borrow_client(const std::string& socket) {
     await(*port, reply);  // the second frame freed: its slot waits behind the first's
     if (tail() != t0) throw std::runtime_error("slots given back while the first frame is held: tail " +
                                                std::to_string(tail() - t0));
+    // A head less than a ring past what the server took, but more than a ring past what it gave back: it
+    // would put frames into slots still out. One fault while it lasts, nothing taken; then the real head.
+    {
+        mem::MemifRingHead* txr = r.ring(r.txq);
+        const std::uint16_t head = __atomic_load_n(&txr->head, __ATOMIC_RELAXED);
+        __atomic_store_n(&txr->head, static_cast<std::uint16_t>(head + r.mask(r.txq)), __ATOMIC_RELEASE);
+        std::this_thread::sleep_for(50ms);
+        __atomic_store_n(&txr->head, head, __ATOMIC_RELEASE);
+    }
     send(*port, go, 0);
     await(*port, reply);  // the first freed too: both go back, in ring order
     if (tail() != static_cast<std::uint16_t>(t0 + 2))
