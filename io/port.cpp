@@ -604,6 +604,10 @@ void Port::start(const PortConfig& cfg) {
             throw Error("cannot allocate " + std::to_string(rx_n) + " RX mbufs of 64 KiB for " + name_ + ": " +
                         rte_strerror(rte_errno) + " (more hugepages, or a larger EalConfig::no_huge_memory_mb)");
     }
+    // The capture file before the device starts: a memif zero-copy client's handshake (on DPDK's interrupt
+    // thread) closes the EAL's hugepage file descriptors until the link is up (keep_eal_files), and a file
+    // opened meanwhile could take one of their numbers (seen: the capture file, then closed under it).
+    if (!cfg.capture_path.empty()) capture_ = std::make_unique<PcapWriter>(cfg.capture_path);
     if (memif_zero_copy_) {
         check_zero_copy_memory();
         keep_eal_files();  // before any handshake of ours
@@ -657,7 +661,6 @@ void Port::start(const PortConfig& cfg) {
     rte_ether_addr a{};
     rte_eth_macaddr_get(port_id_, &a);
     std::copy(std::begin(a.addr_bytes), std::end(a.addr_bytes), mac_.begin());
-    if (!cfg.capture_path.empty()) capture_ = std::make_unique<PcapWriter>(cfg.capture_path);
     wait_link(std::chrono::duration_cast<std::chrono::milliseconds>(
         std::max(deadline - std::chrono::steady_clock::now(), std::chrono::steady_clock::duration{0})));
     open_gate(deadline + std::chrono::seconds(1));
