@@ -103,9 +103,10 @@ public:
     std::uint16_t rx(rte_mbuf** out, std::uint16_t want) noexcept;
     std::uint16_t tx(rte_mbuf** frames, std::uint16_t count) noexcept;
 
-    // Borrowed receive (PortConfig::memif_borrow_rx). A frame of kBorrowMin bytes or more in one ring buffer is
-    // not copied: it arrives as two mbufs, a copy of its first kHeaderCopy bytes (every header lwIP reads and
-    // rewrites in place, in memory of ours) and an external buffer over the rest, in this process's own
+    // Borrowed receive (PortConfig::memif_borrow_rx). A frame of kBorrowMin bytes or more is not copied: it
+    // arrives as a copy of its first kHeaderCopy bytes (every header lwIP reads and rewrites in place, in memory
+    // of ours), then per descriptor an external buffer over the rest (kBorrowPiece bytes or more; smaller rests
+    // are copied), in this process's own
     // mapping of the client's region (a lease, mapped at link-up from the region's file descriptor, so a
     // borrowed frame stays readable after the driver unmaps at a disconnect). Its ring slot goes back to the
     // client when the mbuf is freed (the free callback; slots in ring order), not at the end of the call.
