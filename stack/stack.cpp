@@ -777,6 +777,9 @@ unsigned Stack::poll() noexcept {
         reorder_unsent();
     }
     flush_tx_inner();
+    // No borrowed frame outlives the turn that received it (taken_at_once; the handlers keep nothing past their
+    // call): one kept would hold its ring slot, and every later slot behind it, until something freed it.
+    assert(port_.borrowed_out() == 0 && "a borrowed frame was kept past the stack turn that received it");
     timed_ = false;
     if (cfg_.count_cycles) cycles_.total += cycles_now() - t_start;
     return n;
