@@ -111,6 +111,43 @@ check(by_pt["half_rtt_64"][6] == 1.33 and by_pt["half_rtt_64_p99"][6] == 11.10 a
 check(compare.versus(2.0, 1.0, "lower") == "2.00x worse" and compare.versus(None, 1.0, "lower") == "-",
       "versus() words 'worse' and missing values")
 
+# scripts/compare --targets: verdicts on hand-made rounds (ratios within a round, the median over rounds).
+import targets  # noqa: E402  (bench/compare/targets.py)
+
+
+def fake_round(write64k, write8m, kernel_bw, rtt_128k, kspin_128k, small):
+    bw = {op: {65536: 9.0, **{s: 9.0 for s in targets.LARGE}} for op in targets.OPS}
+    bw["write"] = {65536: write64k, **{s: write64k for s in targets.LARGE}}
+    bw["write"][8 * targets.MiB] = write8m
+    lat = {s: 1.0 for s in targets.RTT_SIZES}
+    lat[128 * 1024], lat[64] = rtt_128k, small
+    return {1500: {"kernel": {"bw64k_gb_s": kernel_bw, "spin_us": {s: 4.0 for s in targets.RTT_SIZES}
+                              | {128 * 1024: kspin_128k}},
+                   "softrdma": {"bw": bw, "crc64k": kernel_bw * 0.9, "rx_thread64k": 2.0, "lat_us": lat,
+                                "msg_rate_mpps": 6.0, "core_rtt_ns": [150]}}}
+
+
+# Three rounds; in the second the machine was slow for both systems (the ratio holds), in the third the
+# kernel's 128 KiB ping-pong is missing (that round does not count for that row).
+rounds = [fake_round(10.0, 8.0, 4.0, 5.0, 10.0, 0.9), fake_round(3.0, 2.1, 1.0, 20.0, 30.0, 1.5),
+          fake_round(10.0, 9.5, 5.0, 6.0, None, 0.8)]
+rows = {(r[0], r[1]): r for r in targets.verdicts(rounds, [1500])}
+w = rows[("64 KiB WRITE vs kernel TCP", "MTU 1500: softrdma / kernel 64 KiB stream")]
+check(w[2]["median"] == 2.5 and (w[2]["min"], w[2]["max"], w[2]["n"]) == (2.0, 3.0, 3) and w[5] is True,
+      "targets: 64 KiB WRITE / kernel per round (2.5, 3.0, 2.0): median 2.5 meets >= 1.5")
+c = rows[("64 KiB WRITE with CRC vs kernel TCP", "MTU 1500: softrdma (CRC on) / kernel")]
+check(abs(c[2]["median"] - 0.9) < 1e-9 and c[5] is False, "targets: CRC at 0.9x kernel misses 'still ahead'")
+e = rows[("1-8 MiB at 90 % of 64 KiB", "MTU 1500: WRITE 8 MiB / 64 KiB")]
+check(abs(e[2]["median"] - 0.8) < 1e-9 and e[5] is False,
+      "targets: 8 MiB / 64 KiB per round (0.8, 0.7, 0.95): median 0.8 misses 0.9")
+h = rows[("half round trip at most half of kernel TCP busy-polling", "MTU 1500: 128 KiB")]
+check(h[2]["n"] == 2 and h[5] is False and abs(h[2]["median"] - (0.5 + 2 / 3) / 2) < 1e-9,
+      "targets: a round without the kernel's figure is left out of that row; 128 KiB at 0.58 misses <= 0.5")
+s = rows[("64 B SEND half round trip at most 1.0 us", "MTU 1500: us")]
+check(s[2]["median"] == 0.9 and s[5] is True, "targets: 64 B half round trip median 0.9 us meets <= 1.0")
+check(all(r[5] is None for r in targets.verdicts([{1500: {}}], [1500])),
+      "targets: a round that measured nothing gives 'not measured', not a verdict")
+
 # ---- 2. the real thing, quick --------------------------------------------------------------------------
 if os.geteuid() != 0:
     print("SKIP: the kernel TCP part needs root (network namespaces); run the suite as root")

@@ -1,0 +1,283 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
+"""Issue 15's speed targets measured in one sitting (scripts/compare --targets).
+
+Rounds (default 5), each measuring in turn, per MTU (1500 then 9000): Linux kernel TCP between two network
+namespaces on a veth pair (64 KiB stream with blocking sockets; half round trip 4 KiB..1 MiB busy-polling),
+then softrdma's rdma_perf (run to completion unless said: WRITE, READ and SEND streams of 64 KiB and 1, 2, 4,
+8 MiB; 64 KiB WRITE with CRC; 64 KiB WRITE in RX-thread mode; SEND ping-pong 2 B..8 MiB; at MTU 1500 the 64 B
+SEND message rate). Every ratio is taken within a round (kernel and softrdma, or 8 MiB and 64 KiB, measured
+minutes apart at most: this host has slow and fast spells), and the table gives the median over the rounds
+with its range, and whether the median meets the target. Each round's cache line round trip between the two
+cores (rdma_perf's calibration) is printed beside it: compare sittings only at similar figures.
+
+Writes targets.md, targets.json and raw/ (every program's JSON and log) to results/targets-<date>-<time>/.
+The module is importable: tests/compare/check_compare.py checks verdicts() on hand-made rounds.
+"""
+import argparse
+import datetime
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+
+sys.dont_write_bytecode = True
+import compare as C  # noqa: E402  (bench/compare/compare.py: runners, namespaces, rdma_perf's JSON)
+
+KiB, MiB = 1024, 1024 * 1024
+LARGE = (1 * MiB, 2 * MiB, 4 * MiB, 8 * MiB)
+RTT_SIZES = (4 * KiB, 16 * KiB, 32 * KiB, 64 * KiB, 128 * KiB, 256 * KiB, 1 * MiB)
+OPS = ("write", "read", "send")
+
+# The targets (issue 15), as (key, words, threshold).
+BW_VS_KERNEL = {1500: 1.5, 9000: 2.0}   # 64 KiB WRITE / kernel TCP's 64 KiB stream, same MTU
+CRC_VS_KERNEL = 1.0                     # with CRC on, still ahead
+LARGE_VS_64K = 0.90                     # 1..8 MiB WRITE, READ, SEND / their 64 KiB figure
+RTT_VS_KERNEL = 0.5                     # half round trip 4 KiB..1 MiB / kernel TCP busy-polling, at most
+SMALL_RTT_US = 1.0                      # 64 B SEND half round trip at MTU 1500, at most
+
+
+# ---- measuring ----------------------------------------------------------------------------------------------
+
+def kernel_round(a, raw, mtu, tag):
+    """Kernel TCP at one MTU: {'bw64k_gb_s': x, 'spin_us': {bytes: half round trip}}."""
+    exe = os.path.join(a.build, "bench/compare/kernel_tcp")
+    if not os.access(exe, os.X_OK):
+        raise C.MeasureError(f"{exe} is not built")
+    ns = C.Namespaces(mtu)
+    server = None
+    host, port = C.KERNEL_ADDR[0], str(C.KERNEL_PORT)
+    try:
+        slog = open(os.path.join(raw, f"kernel-server-{tag}.log"), "w")
+        server = subprocess.Popen(["ip", "netns", "exec", ns.a, exe, "server", "--port", port, "--cpu", "0",
+                                   "--timeout", "200"], stdout=slog, stderr=subprocess.STDOUT,
+                                  start_new_session=True)
+        bw_path, spin_path = (os.path.join(raw, f"kernel-{k}-{tag}.json") for k in ("bw", "spin"))
+        client = ["ip", "netns", "exec", ns.b, exe, "client", "--host", host, "--port", port, "--cpu", "1",
+                  "--timeout", "90"]
+        C.run(client + ["--sizes", "64", "--iters", "2000", "--warmup", "200", "--stream-sizes", "65536",
+                        "--stream-ms", "400", "--stream-reps", "3", "--json", bw_path],
+              100, os.path.join(raw, f"kernel-bw-{tag}.log"))
+        C.run(client + ["--spin", "--sizes", ",".join(map(str, RTT_SIZES)), "--stream-sizes", "",
+                        "--iters", "2000", "--warmup", "200", "--json", spin_path],
+              100, os.path.join(raw, f"kernel-spin-{tag}.log"))
+        subprocess.run(["ip", "netns", "exec", ns.b, exe, "quit", "--host", host, "--port", port, "--timeout", "5"],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=10)
+        with open(bw_path) as f:
+            bw = C.pick(json.load(f)["bw"], 65536, "gb_s")
+        with open(spin_path) as f:
+            spin = {e["bytes"]: e["half_rtt_median_us"] for e in json.load(f)["lat"]}
+        if bw is None:
+            raise C.MeasureError(f"no 64 KiB stream figure in {bw_path}")
+        return {"bw64k_gb_s": bw, "spin_us": spin}
+    finally:
+        if server is not None:
+            C.kill_tree(server)
+        ns.close()
+
+
+def softrdma_round(a, raw, mtu, tag):
+    """rdma_perf at one MTU: {'bw': {'write': {bytes: GB/s}, ...}, 'crc64k', 'rx_thread64k', 'lat_us':
+    {bytes: half round trip}, 'msg_rate_mpps' (MTU 1500), 'core_rtt_ns': [..]}."""
+    exe = C.find_rdma_perf(a)
+    plan = []
+    for op in OPS:
+        for size in (64 * KiB,) + LARGE:
+            plan.append((f"{op}-{size}", ["--test", op, "--bw", "-s", str(size)]))
+    plan.append(("write-crc", ["--test", "write", "--bw", "-s", "65536", "--crc"]))
+    plan.append(("write-rx-thread", ["--test", "write", "--bw", "-s", "65536", "--threading", "rx-thread"]))
+    plan.append(("send-lat", ["--test", "send", "--lat", "-a"]))
+    if mtu == 1500:
+        plan.append(("msg-rate", ["--test", "send", "--bw", "-s", "64", "-n", "1000000"]))
+    out = {"bw": {op: {} for op in OPS}, "core_rtt_ns": []}
+    for name, args in plan:
+        path = os.path.join(raw, f"softrdma-{name}-{tag}.json")
+        C.run([exe] + args + ["--mtu", str(mtu), "--json", path, "--timeout", "10", "--deadline", "120"],
+              135, os.path.join(raw, f"softrdma-{name}-{tag}.log"))
+        _, kind, by_size, rtt = C.parse_rdma_perf(path)
+        if rtt is not None:
+            out["core_rtt_ns"].append(rtt)
+        if name == "send-lat":
+            out["lat_us"] = {b: r["t_typical_us"] for b, r in by_size.items()}
+        elif name == "msg-rate":
+            out["msg_rate_mpps"] = by_size[64]["msg_rate_mpps"]
+        else:
+            size = max(by_size)
+            gb = C.mib_s_to_gb_s(by_size[size]["bw_avg_mib_s"])
+            if name == "write-crc":
+                out["crc64k"] = gb
+            elif name == "write-rx-thread":
+                out["rx_thread64k"] = gb
+            else:
+                out["bw"][name.split("-")[0]][size] = gb
+    return out
+
+
+# ---- verdicts -------------------------------------------------------------------------------------------
+
+def per_round(rounds, fn):
+    """fn(round) for every round where it can be computed (None where not)."""
+    vals = []
+    for r in rounds:
+        try:
+            v = fn(r)
+        except (KeyError, TypeError, ZeroDivisionError):
+            v = None
+        if v is not None:
+            vals.append(v)
+    return vals
+
+
+def summary(vals):
+    return {"median": statistics.median(vals), "min": min(vals), "max": max(vals), "n": len(vals)} if vals else None
+
+
+def verdicts(rounds, mtus):
+    """rounds: [{mtu: {'kernel': kernel_round(), 'softrdma': softrdma_round()}}]. Returns rows
+    (target, what, summary of the per-round values, threshold, 'min'|'max', met or None when not measured)."""
+    rows = []
+
+    def row(target, what, vals, threshold, kind):
+        s = summary(vals)
+        met = None if s is None else (s["median"] >= threshold if kind == "min" else s["median"] <= threshold)
+        rows.append((target, what, s, threshold, kind, met))
+
+    for m in mtus:
+        row("64 KiB WRITE vs kernel TCP", f"MTU {m}: softrdma / kernel 64 KiB stream",
+            per_round(rounds, lambda r: r[m]["softrdma"]["bw"]["write"][65536] / r[m]["kernel"]["bw64k_gb_s"]),
+            BW_VS_KERNEL[m], "min")
+        row("64 KiB WRITE with CRC vs kernel TCP", f"MTU {m}: softrdma (CRC on) / kernel",
+            per_round(rounds, lambda r: r[m]["softrdma"]["crc64k"] / r[m]["kernel"]["bw64k_gb_s"]),
+            CRC_VS_KERNEL, "min")
+    for m in mtus:
+        for op in OPS:
+            for size in LARGE:
+                row("1-8 MiB at 90 % of 64 KiB", f"MTU {m}: {op.upper()} {size // MiB} MiB / 64 KiB",
+                    per_round(rounds, lambda r: r[m]["softrdma"]["bw"][op][size] / r[m]["softrdma"]["bw"][op][65536]),
+                    LARGE_VS_64K, "min")
+    for m in mtus:
+        for size in RTT_SIZES:
+            label = f"{size // KiB} KiB" if size < MiB else f"{size // MiB} MiB"
+            row("half round trip at most half of kernel TCP busy-polling", f"MTU {m}: {label}",
+                per_round(rounds, lambda r: r[m]["softrdma"]["lat_us"][size] / r[m]["kernel"]["spin_us"][size]),
+                RTT_VS_KERNEL, "max")
+    if 1500 in mtus:
+        row("64 B SEND half round trip at most 1.0 us", "MTU 1500: us",
+            per_round(rounds, lambda r: r[1500]["softrdma"]["lat_us"][64]), SMALL_RTT_US, "max")
+    return rows
+
+
+def figures(rounds, mtus):
+    """Figures reported without a target: (what, summary)."""
+    out = []
+    for m in mtus:
+        out.append((f"MTU {m}: kernel TCP 64 KiB stream, GB/s",
+                    summary(per_round(rounds, lambda r: r[m]["kernel"]["bw64k_gb_s"]))))
+        for op in OPS:
+            out.append((f"MTU {m}: softrdma 64 KiB {op.upper()}, GB/s",
+                        summary(per_round(rounds, lambda r: r[m]["softrdma"]["bw"][op][65536]))))
+        out.append((f"MTU {m}: softrdma 64 KiB WRITE, RX-thread mode, GB/s",
+                    summary(per_round(rounds, lambda r: r[m]["softrdma"]["rx_thread64k"]))))
+        out.append((f"MTU {m}: RX-thread mode / kernel TCP, 64 KiB",
+                    summary(per_round(rounds, lambda r: r[m]["softrdma"]["rx_thread64k"] /
+                                      r[m]["kernel"]["bw64k_gb_s"]))))
+        out.append((f"MTU {m}: core cache line round trip, ns",
+                    summary(per_round(rounds, lambda r: statistics.median(r[m]["softrdma"]["core_rtt_ns"])))))
+    if 1500 in mtus:
+        out.append(("MTU 1500: 64 B SEND message rate, M msg/s",
+                    summary(per_round(rounds, lambda r: r[1500]["softrdma"]["msg_rate_mpps"]))))
+    return out
+
+
+def fmt_summary(s, digits=2):
+    if s is None:
+        return "not measured"
+    f = f"{{:.{digits}f}}"
+    return f"{f.format(s['median'])} ({f.format(s['min'])}-{f.format(s['max'])}, {s['n']})"
+
+
+def render(rows, figs, meta):
+    md = [f"Rounds: {meta['rounds']}, {meta['when']}, commit {meta['commit']}; each value the median over the "
+          "rounds (range, rounds), each ratio taken within a round.", "",
+          "| target | measured | median (range, n) | target | met |", "| --- | --- | --- | --- | --- |"]
+    for target, what, s, thr, kind, met in rows:
+        md.append(f"| {target} | {what} | {fmt_summary(s)} | {'>=' if kind == 'min' else '<='} {thr} | "
+                  f"{'-' if met is None else ('yes' if met else '**no**')} |")
+    md += ["", "| figure | median (range, n) |", "| --- | --- |"]
+    md += [f"| {what} | {fmt_summary(s)} |" for what, s in figs]
+    met = [r for r in rows if r[5]]
+    missed = [r for r in rows if r[5] is False]
+    md += ["", f"{len(met)} of {len(rows)} target rows met, {len(missed)} missed, "
+           f"{len(rows) - len(met) - len(missed)} not measured."]
+    return "\n".join(md)
+
+
+# ---- main -------------------------------------------------------------------------------------------------
+
+def main(argv=None):
+    top = os.path.realpath(os.path.join(os.path.dirname(__file__), "..", ".."))
+    p = argparse.ArgumentParser(prog="scripts/compare --targets", description=__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=5, help="interleaved rounds (5)")
+    p.add_argument("--mtu", type=int, action="append", choices=[1500, 9000], help="only this MTU (repeatable)")
+    p.add_argument("--out", help="output directory (default results/targets-<date>-<time>/)")
+    p.add_argument("--build", default=os.environ.get("SOFTRDMA_BUILD", "build"), help="meson build directory")
+    p.add_argument("--rdma-perf", help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    a.source = top
+    a.build = os.path.realpath(os.path.join(top, a.build) if not os.path.isabs(a.build) else a.build)
+    mtus = a.mtu or [1500, 9000]
+    if os.geteuid() != 0:
+        print("scripts/compare --targets: kernel TCP runs in network namespaces, which needs root", file=sys.stderr)
+        return 2
+    now = datetime.datetime.now(datetime.timezone.utc)
+    out = os.path.realpath(a.out or os.path.join(top, "results", "targets-" + now.strftime("%Y%m%d-%H%M%S")))
+    raw = os.path.join(out, "raw")
+    os.makedirs(raw, exist_ok=True)
+    for s in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(s, C.on_signal)
+    meta = {"when": now.strftime("%Y-%m-%d %H:%M UTC"), "commit": C.source_revision(top), "rounds": a.rounds,
+            "mtus": mtus, "load_start": os.getloadavg()[0]}
+    rounds, errors = [], []
+    try:
+        C.remove_stale_namespaces()
+        for i in range(a.rounds):
+            t0 = time.monotonic()
+            rnd = {}
+            for m in mtus:
+                tag = f"r{i + 1}-mtu{m}"
+                rnd[m] = {}
+                for part, fn in (("kernel", kernel_round), ("softrdma", softrdma_round)):
+                    try:
+                        rnd[m][part] = fn(a, raw, m, tag)
+                    except C.MeasureError as e:
+                        errors.append(f"round {i + 1}, MTU {m}, {part}: {e}")
+            rounds.append(rnd)
+            rtts = [x for m in mtus for x in rnd[m].get("softrdma", {}).get("core_rtt_ns", [])]
+            print(f"targets: round {i + 1}/{a.rounds} done in {time.monotonic() - t0:.0f} s"
+                  + (f", core round trip {statistics.median(rtts):.0f} ns" if rtts else ""),
+                  file=sys.stderr, flush=True)
+    except KeyboardInterrupt as e:
+        print(f"targets: interrupted ({e or 'Ctrl-C'}); namespaces and processes removed", file=sys.stderr)
+        return 130
+    meta["load_end"] = os.getloadavg()[0]
+    rows, figs = verdicts(rounds, mtus), figures(rounds, mtus)
+    text = render(rows, figs, meta)
+    if errors:
+        text += "\n\nNot measured:\n" + "\n".join("- " + e for e in errors)
+    print(text)
+    with open(os.path.join(out, "targets.md"), "w") as f:
+        f.write(f"# Issue 15's targets, {meta['when']}\n\n{text}\n")
+    with open(os.path.join(out, "targets.json"), "w") as f:
+        json.dump({"meta": meta, "errors": errors,
+                   "rows": [{"target": t, "what": w, "summary": s, "threshold": thr, "kind": k, "met": met}
+                            for t, w, s, thr, k, met in rows],
+                   "figures": [{"what": w, "summary": s} for w, s in figs], "rounds": rounds}, f, indent=1)
+    print(f"targets: wrote {out}/targets.md, targets.json", file=sys.stderr)
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
