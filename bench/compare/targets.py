@@ -6,10 +6,11 @@ Rounds (default 5), each measuring in turn, per MTU (1500 then 9000): Linux kern
 namespaces on a veth pair (64 KiB stream with blocking sockets; half round trip 4 KiB..1 MiB busy-polling),
 then softrdma's rdma_perf (run to completion unless said: WRITE, READ and SEND streams of 64 KiB and 1, 2, 4,
 8 MiB; 64 KiB WRITE with CRC; 64 KiB WRITE in RX-thread mode; SEND ping-pong 2 B..8 MiB; at MTU 1500 the 64 B
-SEND message rate). Every ratio is taken within a round (kernel and softrdma, or 8 MiB and 64 KiB, measured
-minutes apart at most: this host has slow and fast spells), and the table gives the median over the rounds
-with its range, and whether the median meets the target. Each round's cache line round trip between the two
-cores (rdma_perf's calibration) is printed beside it: compare sittings only at similar figures.
+SEND message rate, and bench/copy_ceiling: the copies alone, 8 MiB against 64 KiB). Every ratio is taken
+within a round (kernel and softrdma, or 8 MiB and 64 KiB, measured minutes apart at most: this host has slow
+and fast spells), and the table gives the median over the rounds with its range, and whether the median meets
+the target. Each round's cache line round trip between the two cores (rdma_perf's calibration) is printed
+beside it: compare sittings only at similar figures.
 
 Writes targets.md, targets.json and raw/ (every program's JSON and log) to results/targets-<date>-<time>/.
 The module is importable: tests/compare/check_compare.py checks verdicts() on hand-made rounds.
@@ -93,6 +94,13 @@ def softrdma_round(a, raw, mtu, tag):
     if mtu == 1500:
         plan.append(("msg-rate", ["--test", "send", "--bw", "-s", "64", "-n", "1000000"]))
     out = {"bw": {op: {} for op in OPS}, "core_rtt_ns": []}
+    if mtu == 1500:  # the copies alone, for the same round: what the caches allow 8 MiB against 64 KiB
+        exe_c = os.path.join(a.build, "bench/copy_ceiling")
+        path = os.path.join(raw, f"copy-ceiling-{tag}.json")
+        C.run([exe_c, "--sizes", "65536,8388608", "--ms", "200", "--reps", "1", "--json", path], 60,
+              os.path.join(raw, f"copy-ceiling-{tag}.log"))
+        with open(path) as f:
+            out["copy_ceiling"] = {r["bytes"]: r for r in json.load(f)["results"]}
     for name, args in plan:
         path = os.path.join(raw, f"softrdma-{name}-{tag}.json")
         C.run([exe] + args + ["--mtu", str(mtu), "--json", path, "--timeout", "10", "--deadline", "120"],
@@ -187,6 +195,10 @@ def figures(rounds, mtus):
         out.append((f"MTU {m}: core cache line round trip, ns",
                     summary(per_round(rounds, lambda r: statistics.median(r[m]["softrdma"]["core_rtt_ns"])))))
     if 1500 in mtus:
+        for kind, words in (("two_copies_gb_s", "two copies on two cores"), ("one_copy_gb_s", "one copy")):
+            out.append((f"copy ceiling, {words}: 8 MiB / 64 KiB (bench/copy_ceiling)",
+                        summary(per_round(rounds, lambda r: r[1500]["softrdma"]["copy_ceiling"][8 * MiB][kind] /
+                                          r[1500]["softrdma"]["copy_ceiling"][65536][kind]))))
         out.append(("MTU 1500: 64 B SEND message rate, M msg/s",
                     summary(per_round(rounds, lambda r: r[1500]["softrdma"]["msg_rate_mpps"]))))
     return out

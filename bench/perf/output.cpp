@@ -73,8 +73,8 @@ void write_json(const std::string& path, const WireParams& p, const Options& o, 
     }
     for (const BwStats& s : bw) {
         std::fprintf(f, "%s{\"bytes\":%u,\"iterations\":%u,\"bw_peak_mib_s\":%.3f,\"bw_avg_mib_s\":%.3f,"
-                        "\"msg_rate_mpps\":%.6f}",
-                     sep, s.bytes, s.iterations, s.bw_peak_mib, s.bw_avg_mib, s.msg_rate_mpps);
+                        "\"msg_rate_mpps\":%.6f,\"warmup_in_flight\":%u}",
+                     sep, s.bytes, s.iterations, s.bw_peak_mib, s.bw_avg_mib, s.msg_rate_mpps, s.warmup_in_flight);
         sep = ",";
     }
     std::fprintf(f, "]}\n");

@@ -40,6 +40,8 @@ struct BwStats {
     std::uint32_t bytes{0};
     std::uint32_t iterations{0};
     double bw_peak_mib{0}, bw_avg_mib{0}, msg_rate_mpps{0};
+    // Warmup messages not yet completed when the first timed one was posted (rdma_perf waits: 0).
+    std::uint32_t warmup_in_flight{0};
 };
 
 // `marks`: (messages completed so far, TSC) at every signaled completion of the timed part, in order,

@@ -15,7 +15,7 @@ LAT_HEADER = ("#bytes #iterations t_min[usec] t_max[usec] t_typical[usec] t_avg[
 BW_HEADER = "#bytes #iterations BW peak[MiB/sec] BW average[MiB/sec] MsgRate[Mpps]"
 LAT_KEYS = ["bytes", "iterations", "t_min_us", "t_max_us", "t_typical_us", "t_avg_us", "t_stdev_us", "p99_us",
             "p999_us"]
-BW_KEYS = ["bytes", "iterations", "bw_peak_mib_s", "bw_avg_mib_s", "msg_rate_mpps"]
+BW_KEYS = ["bytes", "iterations", "bw_peak_mib_s", "bw_avg_mib_s", "msg_rate_mpps", "warmup_in_flight"]
 TOP_KEYS = ["tool", "test", "kind", "threading", "mtu", "core_rtt_ns", "results"]
 
 failures = []
@@ -101,6 +101,8 @@ def case(exe, tmp, test, kind, args, sizes, iters):
             rate = r["msg_rate_mpps"]
             check(abs(r["bw_avg_mib_s"] * 1048576 / size / 1e6 - rate) <= 0.01 * rate + 1e-5,
                   f"{name}: JSON msg_rate_mpps != bw_avg_mib_s / size: {r}")
+            # The clock starts after the warmup has completed (else it timed part of the warmup too).
+            check(r["warmup_in_flight"] == 0, f"{name}: warmup messages still in flight at the start: {r}")
 
 
 def layers(exe):
