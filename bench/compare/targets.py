@@ -93,19 +93,28 @@ def softrdma_round(a, raw, mtu, tag):
     plan.append(("send-lat", ["--test", "send", "--lat", "-a"]))
     if mtu == 1500:
         plan.append(("msg-rate", ["--test", "send", "--bw", "-s", "64", "-n", "1000000"]))
-    out = {"bw": {op: {} for op in OPS}, "core_rtt_ns": []}
+    out = {"bw": {op: {} for op in OPS}, "core_rtt_ns": [], "errors": []}
     if mtu == 1500:  # the copies alone, for the same round: what the caches allow 8 MiB against 64 KiB
         exe_c = os.path.join(a.build, "bench/copy_ceiling")
         path = os.path.join(raw, f"copy-ceiling-{tag}.json")
-        C.run([exe_c, "--sizes", "65536,8388608", "--ms", "200", "--reps", "1", "--json", path], 60,
-              os.path.join(raw, f"copy-ceiling-{tag}.log"))
-        with open(path) as f:
-            out["copy_ceiling"] = {r["bytes"]: r for r in json.load(f)["results"]}
-    for name, args in plan:
+        try:
+            if not os.access(exe_c, os.X_OK):
+                raise C.MeasureError(f"{exe_c} is not built")
+            C.run([exe_c, "--sizes", "65536,8388608", "--ms", "200", "--reps", "1", "--json", path], 60,
+                  os.path.join(raw, f"copy-ceiling-{tag}.log"))
+            with open(path) as f:
+                out["copy_ceiling"] = {r["bytes"]: r for r in json.load(f)["results"]}
+        except (C.MeasureError, OSError, ValueError, KeyError) as e:
+            out["errors"].append(f"copy_ceiling: {e}")
+    for name, args in plan:  # a run that fails is reported and leaves its figures out; the others go on
         path = os.path.join(raw, f"softrdma-{name}-{tag}.json")
-        C.run([exe] + args + ["--mtu", str(mtu), "--json", path, "--timeout", "10", "--deadline", "120"],
-              135, os.path.join(raw, f"softrdma-{name}-{tag}.log"))
-        _, kind, by_size, rtt = C.parse_rdma_perf(path)
+        try:
+            C.run([exe] + args + ["--mtu", str(mtu), "--json", path, "--timeout", "10", "--deadline", "120"],
+                  135, os.path.join(raw, f"softrdma-{name}-{tag}.log"))
+            _, kind, by_size, rtt = C.parse_rdma_perf(path)
+        except C.MeasureError as e:
+            out["errors"].append(f"{name}: {e}")
+            continue
         if rtt is not None:
             out["core_rtt_ns"].append(rtt)
         if name == "send-lat":
@@ -132,7 +141,7 @@ def per_round(rounds, fn):
     for r in rounds:
         try:
             v = fn(r)
-        except (KeyError, TypeError, ZeroDivisionError):
+        except (KeyError, TypeError, ZeroDivisionError, statistics.StatisticsError):
             v = None
         if v is not None:
             vals.append(v)
@@ -264,8 +273,10 @@ def main(argv=None):
                 for part, fn in (("kernel", kernel_round), ("softrdma", softrdma_round)):
                     try:
                         rnd[m][part] = fn(a, raw, m, tag)
-                    except C.MeasureError as e:
-                        errors.append(f"round {i + 1}, MTU {m}, {part}: {e}")
+                        errors += [f"round {i + 1}, MTU {m}, {part}, {e}" for e in rnd[m][part].get("errors", [])]
+                    except (C.MeasureError, OSError, ValueError, KeyError, subprocess.SubprocessError) as e:
+                        # (bad JSON, a program missing or a time limit: the part is left out of this round)
+                        errors.append(f"round {i + 1}, MTU {m}, {part}: {type(e).__name__}: {e}")
             rounds.append(rnd)
             rtts = [x for m in mtus for x in rnd[m].get("softrdma", {}).get("core_rtt_ns", [])]
             print(f"targets: round {i + 1}/{a.rounds} done in {time.monotonic() - t0:.0f} s"
