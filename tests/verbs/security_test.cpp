@@ -81,6 +81,9 @@ TEST_CASE("cross-connection READ in a shared PD: no oracle, no leak, the prober 
     constexpr int kTries = 12;  // more than the default limit of 8
     auto server = [](const PeerConfig& cfg) {
         Peer p(cfg, 4096, kAll);  // the public region (p.mr), advertised to every attacker connection
+        // Listening first, as serve() does: the client connects at once, and a SYN that finds no listener is
+        // refused (the 64 registrations below took long enough under TSan in RX-thread mode for that).
+        p.listener = p.ctx->listen(cfg.tcp_port);
         std::vector<std::byte> secret(4096);
         for (std::size_t i = 0; i < secret.size(); ++i) secret[i] = static_cast<std::byte>(0x5e ^ (i & 0xff));
         auto secret_mr = p.pd->reg_mr(secret, verbs::access::local_write | verbs::access::remote_read);
@@ -94,7 +97,6 @@ TEST_CASE("cross-connection READ in a shared PD: no oracle, no leak, the prober 
         if (seen.size() < 60) throw std::runtime_error("STags repeat: " + std::to_string(seen.size()) + " of 64 distinct");
         report("64 registrations of one slot: " + std::to_string(seen.size()) + " distinct STags");
 
-        p.listener = p.ctx->listen(cfg.tcp_port);
         std::vector<std::unique_ptr<verbs::QueuePair>> qps;
         std::vector<std::unique_ptr<verbs::CmId>> ids;
         verbs::CmId* victim = nullptr;
