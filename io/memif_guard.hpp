@@ -106,10 +106,10 @@ public:
     // Borrowed receive (PortConfig::memif_borrow_rx). A frame of kBorrowMin bytes or more is not copied: it
     // arrives as a copy of its first kHeaderCopy bytes (every header lwIP reads and rewrites in place, in memory
     // of ours), then per descriptor an external buffer over the rest (kBorrowPiece bytes or more; smaller rests
-    // are copied), in this process's own
-    // mapping of the client's region (a lease, mapped at link-up from the region's file descriptor, so a
-    // borrowed frame stays readable after the driver unmaps at a disconnect). Its ring slot goes back to the
-    // client when the mbuf is freed (the free callback; slots in ring order), not at the end of the call.
+    // are copied), in this process's own mapping of the client's region (a lease, mapped at link-up from the
+    // region's file descriptor, so a borrowed frame stays readable after the driver unmaps at a disconnect). Its
+    // ring slot goes back to the client when the mbuf is freed (the free callback; slots in ring order), not at
+    // the end of the call.
     // Ownership: as rx()'s; whoever frees the last segment gives the slot back. Threads: every borrowed frame
     // must be freed on the thread that calls rx() (run to completion: the stack frees them in its turn), and
     // none may be kept long (a held slot holds every later one: see Port::unborrow, used for segments lwIP
