@@ -13,6 +13,7 @@ the output directory. Every program runs under a time limit; the namespaces are 
 The module is importable (tests/compare/check_compare.py uses parse_rdma_perf and the row builders).
 """
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -191,51 +192,64 @@ class Namespaces:
 SPIN_SIZES = "64,256,1024,4096,16384,32768,65536,131072,262144,1048576"
 
 
-def measure_kernel(a, out):
-    exe = os.path.join(a.build, "bench/compare/kernel_tcp")
+@contextlib.contextmanager
+def kernel_tcp(build, mtu, server_log, server_timeout):
+    """Kernel TCP between two namespaces at `mtu`: kernel_tcp's server in one (core 0), and a function that runs
+    its client in the other (core 1) with the given arguments: client(args, limit, log). On leaving, the server
+    is asked to quit, then killed with its namespaces whatever happened."""
+    exe = os.path.join(build, "bench/compare/kernel_tcp")
     if not os.access(exe, os.X_OK):
-        raise MeasureError(f"{exe} is not built (ninja -C {a.build} bench/compare/kernel_tcp)")
-    q = a.quick
-    limit = 60 if q else 240
-    ns = Namespaces(a.mtu)
+        raise MeasureError(f"{exe} is not built (ninja -C {build} bench/compare/kernel_tcp)")
+    ns = Namespaces(mtu)
     server = None
+    to = ["--host", KERNEL_ADDR[0], "--port", str(KERNEL_PORT)]
     try:
-        slog = open(os.path.join(out, "raw", "kernel-server.log"), "w")
-        server = subprocess.Popen(["ip", "netns", "exec", ns.a, exe, "server", "--port", str(KERNEL_PORT),
-                                   "--cpu", "0", "--timeout", str(limit + 10)],
-                                  stdout=slog, stderr=subprocess.STDOUT, start_new_session=True)
-        path = os.path.join(out, "raw", "kernel.json")
-        sizes = "64,256,1024,1500" if q else "64,128,256,512,1024,1500,2048,4096,8192,9000,16384,65536"
-        stream = "64,65536" if q else "64,256,1024,4096,16384,65536,262144,1048576"
-        run(["ip", "netns", "exec", ns.b, exe, "client", "--host", KERNEL_ADDR[0], "--port", str(KERNEL_PORT),
-             "--cpu", "1", "--timeout", str(limit), "--sizes", sizes, "--stream-sizes", stream,
-             "--iters", "2000" if q else "20000", "--warmup", "200" if q else "2000",
-             "--stream-ms", "100" if q else "400", "--stream-reps", "3" if q else "5", "--json", path],
-            limit + 5, os.path.join(out, "raw", "kernel-client.log"))
-        # The same ping-pong with both ends busy-polling recv(MSG_DONTWAIT), as softrdma polls: how much of the
-        # gap is the sleep/wake-up of blocking sockets.
-        spin_path = os.path.join(out, "raw", "kernel-spin.json")
-        run(["ip", "netns", "exec", ns.b, exe, "client", "--host", KERNEL_ADDR[0], "--port", str(KERNEL_PORT),
-             "--cpu", "1", "--timeout", str(limit), "--spin", "--sizes", "64" if q else SPIN_SIZES,
-             "--stream-sizes", "", "--iters", "2000" if q else "20000", "--warmup", "200" if q else "2000",
-             "--json", spin_path],
-            limit + 5, os.path.join(out, "raw", "kernel-spin-client.log"))
-        subprocess.run(["ip", "netns", "exec", ns.b, exe, "quit", "--host", KERNEL_ADDR[0], "--port", str(KERNEL_PORT),
-                        "--timeout", "5"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=10)
+        with open(server_log, "w") as slog:
+            server = subprocess.Popen(["ip", "netns", "exec", ns.a, exe, "server", "--port", str(KERNEL_PORT),
+                                       "--cpu", "0", "--timeout", str(server_timeout)],
+                                      stdout=slog, stderr=subprocess.STDOUT, start_new_session=True)
+
+        def client(args, limit, log):
+            run(["ip", "netns", "exec", ns.b, exe, "client"] + to + ["--cpu", "1", "--timeout", str(limit)] + args,
+                limit + 5, log)
+
+        yield client
+        subprocess.run(["ip", "netns", "exec", ns.b, exe, "quit"] + to + ["--timeout", "5"],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=10)
         try:
             server.wait(timeout=5)
         except subprocess.TimeoutExpired:
             pass
-        with open(path) as f:
-            d = json.load(f)
-        with open(spin_path) as f:
-            d["lat_spin"] = json.load(f)["lat"]
-        d["mtu"] = a.mtu
-        return d
     finally:
         if server is not None:
             kill_tree(server)
         ns.close()
+
+
+def measure_kernel(a, out):
+    q = a.quick
+    limit = 60 if q else 240
+    raw = os.path.join(out, "raw")
+    with kernel_tcp(a.build, a.mtu, os.path.join(raw, "kernel-server.log"), limit + 10) as client:
+        path = os.path.join(raw, "kernel.json")
+        sizes = "64,256,1024,1500" if q else "64,128,256,512,1024,1500,2048,4096,8192,9000,16384,65536"
+        stream = "64,65536" if q else "64,256,1024,4096,16384,65536,262144,1048576"
+        client(["--sizes", sizes, "--stream-sizes", stream, "--iters", "2000" if q else "20000",
+                "--warmup", "200" if q else "2000", "--stream-ms", "100" if q else "400",
+                "--stream-reps", "3" if q else "5", "--json", path],
+               limit, os.path.join(raw, "kernel-client.log"))
+        # The same ping-pong with both ends busy-polling recv(MSG_DONTWAIT), as softrdma polls: how much of the
+        # gap is the sleep/wake-up of blocking sockets.
+        spin_path = os.path.join(raw, "kernel-spin.json")
+        client(["--spin", "--sizes", "64" if q else SPIN_SIZES, "--stream-sizes", "",
+                "--iters", "2000" if q else "20000", "--warmup", "200" if q else "2000", "--json", spin_path],
+               limit, os.path.join(raw, "kernel-spin-client.log"))
+    with open(path) as f:
+        d = json.load(f)
+    with open(spin_path) as f:
+        d["lat_spin"] = json.load(f)["lat"]
+    d["mtu"] = a.mtu
+    return d
 
 
 # ---- 3. softrdma via rdma_perf ---------------------------------------------------------------------------

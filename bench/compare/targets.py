@@ -45,39 +45,21 @@ SMALL_RTT_US = 1.0                      # 64 B SEND half round trip at MTU 1500,
 
 def kernel_round(a, raw, mtu, tag):
     """Kernel TCP at one MTU: {'bw64k_gb_s': x, 'spin_us': {bytes: half round trip}}."""
-    exe = os.path.join(a.build, "bench/compare/kernel_tcp")
-    if not os.access(exe, os.X_OK):
-        raise C.MeasureError(f"{exe} is not built")
-    ns = C.Namespaces(mtu)
-    server = None
-    host, port = C.KERNEL_ADDR[0], str(C.KERNEL_PORT)
-    try:
-        slog = open(os.path.join(raw, f"kernel-server-{tag}.log"), "w")
-        server = subprocess.Popen(["ip", "netns", "exec", ns.a, exe, "server", "--port", port, "--cpu", "0",
-                                   "--timeout", "200"], stdout=slog, stderr=subprocess.STDOUT,
-                                  start_new_session=True)
+    with C.kernel_tcp(a.build, mtu, os.path.join(raw, f"kernel-server-{tag}.log"), 200) as client:
         bw_path, spin_path = (os.path.join(raw, f"kernel-{k}-{tag}.json") for k in ("bw", "spin"))
-        client = ["ip", "netns", "exec", ns.b, exe, "client", "--host", host, "--port", port, "--cpu", "1",
-                  "--timeout", "90"]
-        C.run(client + ["--sizes", "64", "--iters", "2000", "--warmup", "200", "--stream-sizes", "65536",
-                        "--stream-ms", "400", "--stream-reps", "3", "--json", bw_path],
-              100, os.path.join(raw, f"kernel-bw-{tag}.log"))
-        C.run(client + ["--spin", "--sizes", ",".join(map(str, RTT_SIZES)), "--stream-sizes", "",
-                        "--iters", "2000", "--warmup", "200", "--json", spin_path],
-              100, os.path.join(raw, f"kernel-spin-{tag}.log"))
-        subprocess.run(["ip", "netns", "exec", ns.b, exe, "quit", "--host", host, "--port", port, "--timeout", "5"],
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=10)
-        with open(bw_path) as f:
-            bw = C.pick(json.load(f)["bw"], 65536, "gb_s")
-        with open(spin_path) as f:
-            spin = {e["bytes"]: e["half_rtt_median_us"] for e in json.load(f)["lat"]}
-        if bw is None:
-            raise C.MeasureError(f"no 64 KiB stream figure in {bw_path}")
-        return {"bw64k_gb_s": bw, "spin_us": spin}
-    finally:
-        if server is not None:
-            C.kill_tree(server)
-        ns.close()
+        client(["--sizes", "64", "--iters", "2000", "--warmup", "200", "--stream-sizes", "65536",
+                "--stream-ms", "400", "--stream-reps", "3", "--json", bw_path],
+               90, os.path.join(raw, f"kernel-bw-{tag}.log"))
+        client(["--spin", "--sizes", ",".join(map(str, RTT_SIZES)), "--stream-sizes", "",
+                "--iters", "2000", "--warmup", "200", "--json", spin_path],
+               90, os.path.join(raw, f"kernel-spin-{tag}.log"))
+    with open(bw_path) as f:
+        bw = C.pick(json.load(f)["bw"], 65536, "gb_s")
+    with open(spin_path) as f:
+        spin = {e["bytes"]: e["half_rtt_median_us"] for e in json.load(f)["lat"]}
+    if bw is None:
+        raise C.MeasureError(f"no 64 KiB stream figure in {bw_path}")
+    return {"bw64k_gb_s": bw, "spin_us": spin}
 
 
 def softrdma_round(a, raw, mtu, tag):
