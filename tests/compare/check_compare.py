@@ -200,9 +200,13 @@ if st.get("softrdma") == "ok":
     else:
         print(f"note  softrdma latency vs floor not compared: load average {load:.1f} on this machine")
     bwr = rows["bw_64k"]
+    # Not a ceiling: the floor moves 1500 B frames through DPDK's memif driver, softrdma 64 KiB frames (large
+    # segments) through its own memif paths, so softrdma may pass it: 0.94-1.56x the floor in four quick runs
+    # (2026-11-30; the floor's short stream swings with the host's spells). Three times the floor still
+    # catches a unit slip (MiB/s read as GB/s, bytes as bits).
     if load < 2.5:
-        check(bwr["softrdma"] < 1.25 * bwr["floor"],
-              f"softrdma 64 KiB {bwr['softrdma']} GB/s not above the link floor {bwr['floor']} GB/s (+25 % noise)")
+        check(bwr["softrdma"] < 3 * bwr["floor"],
+              f"softrdma 64 KiB {bwr['softrdma']} GB/s below 3x the 1500 B frame floor {bwr['floor']} GB/s")
     else:  # busy pollers descheduled by other work make short stream figures swing several-fold
         print(f"note  softrdma bandwidth vs floor not compared: load average {load:.1f} on this machine")
     check(abs(bwr["softrdma_over_floor"] - bwr["softrdma"] / bwr["floor"]) < 1e-9, "ratio column = softrdma / floor")
