@@ -6,6 +6,7 @@
 
 #include "mpa/crc32c.hpp"
 #include "base/byteorder.hpp"
+#include "base/copy.hpp"
 
 namespace softrdma::mpa {
 namespace {
@@ -38,7 +39,7 @@ struct Emitter {
             if (crc_on)
                 crc = crc32c_copy(crc, out, src, k);
             else
-                std::memcpy(out, src, k);
+                base::copy_out(out, src, k);  // into a TX chunk the peer reads: see base/copy.hpp
             out += k;
             pos += k;
             src += k;
