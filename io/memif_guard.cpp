@@ -31,6 +31,7 @@
 #include "io/memif_guard.hpp"
 #include "io/memif_layout.hpp"
 
+#include "base/copy.hpp"
 #include "base/tsan.hpp"
 
 #include <sys/mman.h>
@@ -708,7 +709,7 @@ std::uint16_t MemifServerPath::tx(rte_mbuf** frames, std::uint16_t count) noexce
                     ++i;
                 }
                 const std::uint32_t c = std::min(left, cap[i] - off);
-                std::memcpy(dst[i] + off, s, c);
+                base::copy_out(dst[i] + off, s, c);  // into the client's buffer, which it reads next: base/copy.hpp
                 off += c;
                 s += c;
                 left -= c;
