@@ -12,6 +12,10 @@ namespace softrdma::mpa {
 namespace {
 
 // Writes FPDU octets at out, inserting Markers where the stream position requires and keeping the CRC.
+// Pieces this large are CRCed from the source and then copied with base::copy_out (string copy, whole lines)
+// rather than in one fused copy + CRC loop, whose stores into a TX chunk the peer reads wait for each line.
+constexpr std::size_t kCrcSplitMin = 1024;
+
 struct Emitter {
     std::byte* out;
     std::uint64_t pos;
@@ -36,9 +40,12 @@ struct Emitter {
                 const std::size_t room = kMarkerInterval - static_cast<std::size_t>(pos % kMarkerInterval);
                 if (room < k) k = room;
             }
-            if (crc_on)
+            if (crc_on && k < kCrcSplitMin) {
                 crc = crc32c_copy(crc, out, src, k);
-            else
+            } else if (crc_on) {
+                crc = crc32c_update(crc, src, k);
+                base::copy_out(out, src, k);
+            } else
                 base::copy_out(out, src, k);  // into a TX chunk the peer reads: see base/copy.hpp
             out += k;
             pos += k;
