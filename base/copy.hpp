@@ -38,9 +38,9 @@ inline void copy_out(void* dst, const void* src, std::size_t n) noexcept {
         std::memcpy(dst, src, n);
         return;
     }
-    alignas(4096) static thread_local std::byte bounce[kBounce + 64];
+    alignas(64) static thread_local std::byte bounce[kBounce + 64];
     // Staged at the destination's offset within a line: bounce -> dst is then a multiple of 64 bytes apart
-    // modulo 4 KiB (not aliasing); src -> bounce is a copy within this core's cache.
+    // (0 or at least 64 modulo 4 KiB: not aliasing); src -> bounce is a copy within this core's cache.
     std::byte* const b = bounce + (reinterpret_cast<std::uintptr_t>(dst) & 63u);
     auto* d = static_cast<std::byte*>(dst);
     const auto* s = static_cast<const std::byte*>(src);

@@ -11,11 +11,12 @@
 namespace softrdma::mpa {
 namespace {
 
-// Writes FPDU octets at out, inserting Markers where the stream position requires and keeping the CRC.
-// Pieces this large are CRCed from the source and then copied with base::copy_out (string copy, whole lines)
-// rather than in one fused copy + CRC loop, whose stores into a TX chunk the peer reads wait for each line.
+// With CRC, pieces this large are CRCed from the source and then copied with base::copy_out (string copy,
+// whole lines) rather than in one fused copy + CRC loop, whose stores into a TX chunk the peer reads wait for
+// each line (README, "4K aliasing in the copies the peer reads").
 constexpr std::size_t kCrcSplitMin = 1024;
 
+// Writes FPDU octets at out, inserting Markers where the stream position requires and keeping the CRC.
 struct Emitter {
     std::byte* out;
     std::uint64_t pos;
@@ -42,11 +43,10 @@ struct Emitter {
             }
             if (crc_on && k < kCrcSplitMin) {
                 crc = crc32c_copy(crc, out, src, k);
-            } else if (crc_on) {
-                crc = crc32c_update(crc, src, k);
-                base::copy_out(out, src, k);
-            } else
+            } else {
+                if (crc_on) crc = crc32c_update(crc, src, k);
                 base::copy_out(out, src, k);  // into a TX chunk the peer reads: see base/copy.hpp
+            }
             out += k;
             pos += k;
             src += k;
