@@ -10,22 +10,23 @@
 // FPDU's payload lands 20 bytes (MPA length + DDP/RDMAP header) above a page-aligned source, the next 24 more.
 // Measured (bench/copy_alias: two processes, the destination shared; the host in its slow spell, ~600 ns core
 // cache line round trip), 32 KiB in 8936-byte FPDU pieces of which the first two alias: 3.1 us with memcpy,
-// 1.5 us with copy_out (the aliasing pieces staged through an L1-resident bounce buffer placed to miss the
-// alias); with no piece aliasing, 1.3 us either way. In the fast spell (~160 ns) aliasing costs less and
-// staging gains nothing measurable. SEND half round trip, seven interleaved rounds (2026-11-30, mostly slow):
-// 16 KiB 4.20 -> 3.49 us, 32 KiB 5.86 -> 5.08, 64 KiB 8.34 -> 7.55, 128 KiB 14.07 -> 12.76.
+// 1.4-1.5 us with copy_out (the aliasing pieces staged through a bounce buffer placed to miss the alias);
+// with no piece aliasing, 1.3 us either way. In the fast spell (~160 ns) 0.95 / 0.76 us. SEND half round
+// trip, seven interleaved rounds (2026-11-30, mostly slow): 16 KiB 4.20 -> 3.49 us, 32 KiB 5.86 -> 5.08,
+// 64 KiB 8.34 -> 7.55, 128 KiB 14.07 -> 12.76.
 //
-// The bounce buffer: per thread, kBounce bytes, set up with the thread (no allocation on the data path). The
-// extra copy is from hot source to L1 and costs a fraction of the stall it avoids; short copies (< kBounceMin)
-// and non-aliasing ones go straight to memcpy.
+// The bounce buffer is on the caller's stack (kBounce + 64 bytes; no allocation, no thread-local storage in
+// every thread of a program that loads the drop-in libraries), line-aligned and used at the destination's
+// offset within a line, so bounce -> destination is a multiple of 64 bytes apart (0 or at least 64 modulo
+// 4 KiB: not aliasing); source -> bounce stays within this core's cache.
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 
 namespace softrdma::base {
 
-inline constexpr std::size_t kBounce = 16384;     // >= an FPDU's payload (8936 at most), whole per step
-inline constexpr std::size_t kBounceMin = 1024;   // below this the stall is too small to be worth a copy
+inline constexpr std::size_t kBounce = 16384;    // >= an FPDU's payload (8936 at most): one step per piece
+inline constexpr std::size_t kBounceMin = 1024;  // below this the stall is too small to be worth a copy
 
 // (dst - src) mod 4 KiB in 1..63: the aliasing case above.
 inline bool copy_aliases(const void* dst, const void* src) noexcept {
@@ -33,25 +34,31 @@ inline bool copy_aliases(const void* dst, const void* src) noexcept {
     return d != 0 && d < 64;
 }
 
-inline void copy_out(void* dst, const void* src, std::size_t n) noexcept {
-    if (n < kBounceMin || !copy_aliases(dst, src)) {
-        std::memcpy(dst, src, n);
-        return;
-    }
-    alignas(64) static thread_local std::byte bounce[kBounce + 64];
-    // Staged at the destination's offset within a line: bounce -> dst is then a multiple of 64 bytes apart
-    // (0 or at least 64 modulo 4 KiB: not aliasing); src -> bounce is a copy within this core's cache.
+// Copies n bytes from src to dst through the bounce buffer, `stage(bounce, src, k)` doing the first copy of
+// each step of at most kBounce bytes (memcpy, or a copy that also runs a checksum over what it reads: the
+// source is then read once, and the checksum covers exactly the bytes written).
+template <class Stage>
+void copy_staged(void* dst, const void* src, std::size_t n, Stage&& stage) noexcept {
+    alignas(64) std::byte bounce[kBounce + 64];
     std::byte* const b = bounce + (reinterpret_cast<std::uintptr_t>(dst) & 63u);
     auto* d = static_cast<std::byte*>(dst);
     const auto* s = static_cast<const std::byte*>(src);
     while (n != 0) {
         const std::size_t k = n < kBounce ? n : kBounce;
-        std::memcpy(b, s, k);
+        stage(b, s, k);
         std::memcpy(d, b, k);
         d += k;
         s += k;
         n -= k;
     }
+}
+
+inline void copy_out(void* dst, const void* src, std::size_t n) noexcept {
+    if (n < kBounceMin || !copy_aliases(dst, src)) {
+        std::memcpy(dst, src, n);
+        return;
+    }
+    copy_staged(dst, src, n, [](std::byte* b, const std::byte* s, std::size_t k) { std::memcpy(b, s, k); });
 }
 
 }  // namespace softrdma::base

@@ -6,8 +6,8 @@
 // page-aligned source into the shared buffer in FPDU-like pieces (--piece bytes, then a 24-byte gap: the next
 // FPDU's header and the CRC field), then hands over; the other side copies the buffer into private memory and
 // answers the same way. The shared buffer starts --offset bytes into a page, so the first pieces sit
-// (offset + 24 k) bytes above their source modulo 4 KiB. Printed per mode (memcpy, copy_out): the median
-// time of the writer's copy and the median half round trip.
+// (offset + 24 k) bytes above their source modulo 4 KiB. Printed per run, --rounds runs of each mode
+// (memcpy, copy_out) alternating: the median time of the writer's copy and the median half round trip.
 #include <sched.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
@@ -29,6 +29,7 @@ namespace {
 struct Args {
     std::size_t size = 32768, piece = 8936, offset = 20;
     int iters = 3000;
+    int rounds = 3;
 };
 
 void pin(int core) {
@@ -74,10 +75,15 @@ std::pair<double, double> run(bool bounce, const Args& a) {
     std::byte* s = src.data() + (4096 - reinterpret_cast<std::uintptr_t>(src.data()) % 4096) % 4096;
     std::memset(s, 1, a.size);
     const pid_t child = fork();
+    if (child < 0) {
+        munmap(m, len);
+        return {-1, -1};
+    }
     if (child == 0) {
         pin(1);
         for (long i = 1; i <= a.iters; ++i) {
-            while (sh->ping.load(std::memory_order_acquire) != i) {}
+            for (std::uint32_t spins = 1; sh->ping.load(std::memory_order_acquire) != i; ++spins)
+                if ((spins & 0xFFFFF) == 0 && getppid() == 1) _exit(1);  // the parent is gone
             std::memcpy(dst.data(), ab, span - a.offset);
             pieces(bounce, ba, s, a);
             sh->pong.store(i, std::memory_order_release);
@@ -93,7 +99,12 @@ std::pair<double, double> run(bool bounce, const Args& a) {
         pieces(bounce, ab, s, a);
         const auto t1 = clock::now();
         sh->ping.store(i, std::memory_order_release);
-        while (sh->pong.load(std::memory_order_acquire) != i) {}
+        for (std::uint32_t spins = 1; sh->pong.load(std::memory_order_acquire) != i; ++spins) {
+            if ((spins & 0xFFFFF) == 0 && waitpid(child, nullptr, WNOHANG) == child) {  // the child died
+                munmap(m, len);
+                return {-1, -1};
+            }
+        }
         std::memcpy(dst.data(), ba, span - a.offset);
         const auto t2 = clock::now();
         wr.push_back(us(t1 - t0));
@@ -119,25 +130,29 @@ int main(int argc, char** argv) {
         else if (k == "--piece") a.piece = v;
         else if (k == "--offset") a.offset = v;
         else if (k == "--iters") a.iters = static_cast<int>(v);
+        else if (k == "--rounds") a.rounds = static_cast<int>(v);
         else {
-            std::fprintf(stderr, "usage: %s [--size N] [--piece N] [--offset N] [--iters N]\n", argv[0]);
+            std::fprintf(stderr, "usage: %s [--size N] [--piece N] [--offset N] [--iters N] [--rounds N]\n", argv[0]);
             return 2;
         }
     }
-    if (a.size == 0 || a.piece == 0 || a.iters <= 0 || a.offset >= 4096) {
-        std::fprintf(stderr, "copy_alias: size, piece and iters must be positive, offset below 4096\n");
+    if (a.size == 0 || a.piece == 0 || a.iters <= 0 || a.rounds <= 0 || a.offset >= 4096) {
+        std::fprintf(stderr, "copy_alias: size, piece, iters and rounds must be positive, offset below 4096\n");
         return 2;
     }
     std::printf("# %zu bytes in %zu-byte pieces, shared buffer at page offset %zu, %d round trips\n", a.size,
                 a.piece, a.offset, a.iters);
     std::printf("%-9s %14s %16s\n", "mode", "copy_us_p50", "half_rtt_us_p50");
-    for (const bool bounce : {false, true}) {
-        const auto [w, h] = run(bounce, a);
-        if (w < 0) {
-            std::fprintf(stderr, "copy_alias: a run failed\n");
-            return 1;
+    // Rounds alternate the two modes (the host's spells change within seconds); each line is one run.
+    for (int r = 0; r < a.rounds; ++r) {
+        for (const bool bounce : {false, true}) {
+            const auto [w, h] = run(bounce, a);
+            if (w < 0) {
+                std::fprintf(stderr, "copy_alias: a run failed\n");
+                return 1;
+            }
+            std::printf("%-9s %14.2f %16.2f\n", bounce ? "copy_out" : "memcpy", w, h);
         }
-        std::printf("%-9s %14.2f %16.2f\n", bounce ? "copy_out" : "memcpy", w, h);
     }
     return 0;
 }

@@ -11,10 +11,12 @@
 namespace softrdma::mpa {
 namespace {
 
-// With CRC, pieces this large are CRCed from the source and then copied with base::copy_out (string copy,
-// whole lines) rather than in one fused copy + CRC loop, whose stores into a TX chunk the peer reads wait for
-// each line (README, "4K aliasing in the copies the peer reads").
-constexpr std::size_t kCrcSplitMin = 1024;
+// With CRC, pieces this large go through base::copy_staged: the fused copy + CRC into a bounce buffer in this
+// core's cache, then a string copy (whole lines) into the TX chunk, instead of the fused loop's 16-byte stores
+// into the chunk, each waiting for its line from the peer's core (README, "4K aliasing in the copies the peer
+// reads"). The source is read once, so the CRC covers exactly the bytes sent even if the application rewrites
+// its buffer meanwhile.
+constexpr std::size_t kCrcStagedMin = 1024;
 
 // Writes FPDU octets at out, inserting Markers where the stream position requires and keeping the CRC.
 struct Emitter {
@@ -41,11 +43,14 @@ struct Emitter {
                 const std::size_t room = kMarkerInterval - static_cast<std::size_t>(pos % kMarkerInterval);
                 if (room < k) k = room;
             }
-            if (crc_on && k < kCrcSplitMin) {
+            if (!crc_on) {
+                base::copy_out(out, src, k);  // into a TX chunk the peer reads: see base/copy.hpp
+            } else if (k < kCrcStagedMin) {
                 crc = crc32c_copy(crc, out, src, k);
             } else {
-                if (crc_on) crc = crc32c_update(crc, src, k);
-                base::copy_out(out, src, k);  // into a TX chunk the peer reads: see base/copy.hpp
+                base::copy_staged(out, src, k, [this](std::byte* b, const std::byte* s, std::size_t n) {
+                    crc = crc32c_copy(crc, b, s, n);
+                });
             }
             out += k;
             pos += k;

@@ -195,8 +195,8 @@ SPIN_SIZES = "64,256,1024,4096,16384,32768,65536,131072,262144,1048576"
 @contextlib.contextmanager
 def kernel_tcp(build, mtu, server_log, server_timeout):
     """Kernel TCP between two namespaces at `mtu`: kernel_tcp's server in one (core 0), and a function that runs
-    its client in the other (core 1) with the given arguments: client(args, limit, log). On leaving, the server
-    is asked to quit, then killed with its namespaces whatever happened."""
+    its client in the other (core 1) with the given arguments: client(args, limit, log). On leaving normally the
+    server is asked to quit; whatever happened, it is then killed and the namespaces removed."""
     exe = os.path.join(build, "bench/compare/kernel_tcp")
     if not os.access(exe, os.X_OK):
         raise MeasureError(f"{exe} is not built (ninja -C {build} bench/compare/kernel_tcp)")

@@ -563,3 +563,49 @@ TEST_CASE("deframer: a Marker at every 4-aligned position of an FPDU (header, pa
         }
     }
 }
+
+// FpduTx's large pieces go through base::copy_out / copy_staged (the CRC fused into the first, staging copy):
+// at aliasing and other distances between source and output, with and without CRC, the deframer must take the
+// FPDU back whole (CRC checked) with the same payload, and nothing past the FPDU written.
+TEST_CASE("FpduTx: large payload pieces at every kind of source/output distance, CRC on and off", "[fpdu]") {
+    std::mt19937 rng(77);
+    const std::vector<std::byte> hdr = make_header(0x4141, rng);  // untagged SEND-like, 18 bytes
+    std::vector<std::byte> src_mem(8192 + 4096), out_mem(16384 + 8192);
+    const auto page = [](std::byte* p) { return p + (4096 - reinterpret_cast<std::uintptr_t>(p) % 4096) % 4096; };
+    std::byte* src = page(src_mem.data());
+    for (std::size_t i = 0; i < 8192; ++i) src[i] = static_cast<std::byte>(rng());
+    for (const bool crc : {true, false}) {
+        for (const std::size_t plen : {1023u, 1024u, 5000u, 8192u - 18u}) {
+            // distance = (payload's place in the output - src) mod 4 KiB; payload sits 2 + 18 bytes into it
+            for (const std::size_t distance : {0u, 1u, 20u, 44u, 63u, 64u, 100u, 4000u}) {
+                CAPTURE(crc, plen, distance);
+                FpduTx tx({crc, false, 9000});
+                const std::size_t want = tx.wire_size(hdr.size() + plen);
+                std::byte* out = page(out_mem.data()) + 4096 + distance - (kLengthFieldSize + hdr.size());
+                REQUIRE(out + want + 16 <= out_mem.data() + out_mem.size());
+                std::fill(out_mem.begin(), out_mem.end(), std::byte{0x5A});
+                const std::span<const std::byte> sge(src, plen);
+                REQUIRE(tx.write(std::span<std::byte>(out, want + 16), hdr, {&sge, 1}) == want);
+                CHECK(out[want] == std::byte{0x5A});
+                CHECK(out[-1] == std::byte{0x5A});
+                const std::vector<std::byte> wire(out, out + want);
+                for (const bool fusing : {false, true}) {
+                    FusingRecorder r;
+                    ProtoStatus st;
+                    if (fusing) {
+                        Deframer<FusingRecorder> d({crc, false, 0});
+                        st = feed_cuts(d, r, wire, {});
+                    } else {
+                        Deframer<Recorder> d({crc, false, 0});
+                        st = feed_cuts(d, static_cast<Recorder&>(r), wire, {});
+                    }
+                    REQUIRE_FALSE(st);
+                    REQUIRE(r.done.size() == 1);
+                    CHECK(r.done[0].header == hdr);
+                    CHECK(std::equal(r.done[0].payload.begin(), r.done[0].payload.end(), src, src + plen));
+                    CHECK(r.done[0].payload.size() == plen);
+                }
+            }
+        }
+    }
+}
