@@ -36,9 +36,10 @@ inline bool copy_aliases(const void* dst, const void* src) noexcept {
 
 // Copies n bytes from src to dst through the bounce buffer, `stage(bounce, src, k)` doing the first copy of
 // each step of at most kBounce bytes (memcpy, or a copy that also runs a checksum over what it reads: the
-// source is then read once, and the checksum covers exactly the bytes written).
+// source is then read once, and the checksum covers exactly the bytes written). Never inlined: the 16 KiB
+// frame is then set up only on this path, not in every caller of copy_out.
 template <class Stage>
-void copy_staged(void* dst, const void* src, std::size_t n, Stage&& stage) noexcept {
+[[gnu::noinline]] void copy_staged(void* dst, const void* src, std::size_t n, Stage&& stage) noexcept {
     alignas(64) std::byte bounce[kBounce + 64];
     std::byte* const b = bounce + (reinterpret_cast<std::uintptr_t>(dst) & 63u);
     auto* d = static_cast<std::byte*>(dst);
