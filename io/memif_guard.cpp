@@ -32,6 +32,7 @@
 #include "io/memif_layout.hpp"
 
 #include "base/copy.hpp"
+#include "base/prefetch.hpp"
 #include "base/tsan.hpp"
 
 #include <sys/mman.h>
@@ -638,6 +639,44 @@ std::uint16_t MemifServerPath::rx(rte_mbuf** out, std::uint16_t want) noexcept {
     return n;
 }
 
+void MemifServerPath::pre_own(unsigned max_lines) noexcept {
+    auto* q = static_cast<MemifQueue*>(txq_);
+    if (q == nullptr) return;
+    MemifRingHead* ring = connected_ring(q, tx_faults_, tx_bad_ring_);
+    if (ring == nullptr) return;
+    if ((__atomic_load_n(&ring->flags, __ATOMIC_RELAXED) & kRingMaskInterrupts) == 0) return;  // the driver's tx
+    const auto* pp = static_cast<const MemifProcessPrivate*>(process_private_);
+    const auto size = static_cast<std::uint16_t>(1u << q->log2_ring_size);
+    const auto mask = static_cast<std::uint16_t>(size - 1);
+    const MemifDesc* descs = ring_desc(ring);
+    const std::uint16_t tail = __atomic_load_n(ring_tail(ring), __ATOMIC_RELAXED);  // only tx() writes it
+    const std::uint16_t head = __atomic_load_n(&ring->head, __ATOMIC_ACQUIRE);  // pairs with the client's refill
+    const auto posted = static_cast<std::uint16_t>(head - tail);
+    if (posted > size) return;  // impossible: tx() counts it
+    // A walk outside [tail, head) (a connection since, or the client took buffers back): start again at tail.
+    if (static_cast<std::uint16_t>(own_slot_ - tail) > posted) {
+        own_slot_ = tail;
+        own_off_ = 0;
+        own_ahead_ = 0;
+    }
+    std::uint64_t taken = 0;
+    while (max_lines != 0 && own_ahead_ < kPreOwnMax && own_slot_ != head) {
+        const MemifDesc d = read_desc(descs, own_slot_, mask);
+        const std::byte* b = d.length != 0 ? buffer_of(pp, d, d.length) : nullptr;
+        if (b == nullptr || own_off_ >= d.length) {  // done with it, or not the client's memory: the next
+            ++own_slot_;
+            own_off_ = 0;
+            continue;
+        }
+        base::prefetch_for_write(b + own_off_);  // a hint: the client's bytes stay as they are
+        own_off_ += 64;
+        own_ahead_ += 64;
+        taken += 64;
+        --max_lines;
+    }
+    if (taken != 0) __atomic_store_n(&pre_owned_, pre_owned_ + taken, __ATOMIC_RELAXED);
+}
+
 // What eth_memif_tx does for a server (server-to-client ring: the client posts empty buffers by advancing
 // head, we fill them and advance tail), with every buffer checked before a byte is written. A frame larger
 // than one buffer goes on in the next (kDescNext), as the driver chains it. A posted buffer outside the
@@ -732,7 +771,12 @@ std::uint16_t MemifServerPath::tx(rte_mbuf** frames, std::uint16_t count) noexce
         rte_pktmbuf_free(f);  // ownership: taken (copied into the client's buffers)
         ++n;
     }
-    if (slot != start) __atomic_store_n(tailp, slot, __ATOMIC_RELEASE);  // the filled buffers are the client's
+    if (slot != start) {
+        __atomic_store_n(tailp, slot, __ATOMIC_RELEASE);  // the filled buffers are the client's
+        own_slot_ = slot;  // pre_own() goes on from the next buffer to fill, with its full reach again
+        own_off_ = 0;
+        own_ahead_ = 0;
+    }
     q->n_pkts += n;
     q->n_bytes += bytes;
     return n;

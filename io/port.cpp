@@ -26,6 +26,7 @@
 #include <rte_lcore.h>
 #include <rte_ring.h>
 #include "base/log.hpp"
+#include "base/prefetch.hpp"
 
 #include "io/faults.hpp"
 #include "io/pcap_writer.hpp"
@@ -463,6 +464,7 @@ void Port::attach_guard(const PortConfig& cfg) {
         // injection delays and reorders received ones).
         if (own_server_path_ && cfg.memif_borrow_rx && large_frames_ && rx_faults_ == nullptr)
             server_path_.enable_borrowing(pool_, memif_log2_ring(cfg));
+        pre_own_ = own_server_path_ && cfg.memif_pre_own && base::cpu_has_prefetchw();
     }
 }
 

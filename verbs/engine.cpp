@@ -205,6 +205,7 @@ unsigned Engine::poll() noexcept {
 
 unsigned Engine::poll_turn() noexcept {
     unsigned frames = 0;
+    const std::uint64_t sent = stack_->counters().tx_frames;
     if (rx_) {
         if (slept_) {  // awake again: whether the RX thread woke us or epoll timed out
             slept_ = false;
@@ -252,6 +253,9 @@ unsigned Engine::poll_turn() noexcept {
         std::erase_if(orphans_, [](const std::unique_ptr<CmId>& id) { return id->impl().finished(); });
     }
     stack_->flush_tx();
+    // Nothing came in and nothing went out: time the port may spend getting ready for the next frame (a memif
+    // server takes the client's next buffers for writing: io::Port::idle).
+    if (frames == 0 && stack_->counters().tx_frames == sent) port_->idle();
     return frames;
 }
 

@@ -84,6 +84,8 @@ void usage(const char* argv0) {
         "                      copies (PortConfig::memif_own_server_path off)\n"
         "  --memif-no-borrow   memif: the server end copies every frame out of the ring instead of reading\n"
         "                      large ones where the client wrote them (PortConfig::memif_borrow_rx off)\n"
+        "  --memif-no-pre-own  memif: the server end does not take the client's posted buffers for writing\n"
+        "                      while it waits (PortConfig::memif_pre_own off)\n"
         "  --layers            after each row, the client's cycles per message by layer (io, lwip, mpa+crc,\n"
         "                      ddp/rdmap, verbs) and its TX copies per payload byte; with rx-thread, its RX\n"
         "                      thread's too (rx io, rx place, rx forward); costs a few ns per message\n"
@@ -217,6 +219,8 @@ bool parse(int argc, char** argv, Options& o, int& exit_code) {
             o.memif_own_server_path = false;
         } else if (a == "--memif-no-borrow") {
             o.memif_borrow_rx = false;
+        } else if (a == "--memif-no-pre-own") {
+            o.memif_pre_own = false;
         } else if (a == "--layers") {
             o.layers = true;
         } else if (a == "--mtu") {

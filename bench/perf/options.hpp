@@ -85,6 +85,7 @@ struct Options {
     // --memif-driver turns it off)
     bool memif_own_server_path{io::PortConfig{}.memif_own_server_path};
     bool memif_borrow_rx{io::PortConfig{}.memif_borrow_rx};  // --memif-no-borrow turns it off
+    bool memif_pre_own{io::PortConfig{}.memif_pre_own};      // --memif-no-pre-own turns it off
     bool layers{false};  // print where the client's cycles went, by layer (verbs::LayerCycles; rtc only)
     std::string cpu;            // local: "A,B" (server core, client core); server/client: "N"
     std::string json;           // write the run as JSON here

@@ -113,6 +113,7 @@ public:
         cc.port.memif_zero_copy = o.memif_zero_copy;  // (the server end ignores it)
         cc.port.memif_own_server_path = o.memif_own_server_path;  // (the client end ignores it)
         cc.port.memif_borrow_rx = o.memif_borrow_rx;
+        cc.port.memif_pre_own = o.memif_pre_own;
         cc.eal = pc.eal;
         cc.ip = pc.stack.ip;
         cc.max_mr = 16;

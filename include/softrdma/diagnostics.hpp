@@ -24,6 +24,9 @@ struct PortCounters {
     // freed).
     std::uint64_t rx_borrowed = 0;
     std::uint64_t rx_borrowed_out = 0;
+    // memif server pre-owning the client's posted buffers (PortConfig::memif_pre_own): bytes taken for writing
+    // ahead of a frame.
+    std::uint64_t tx_pre_owned = 0;
 };
 
 // Fault injection in io (PortConfig::faults), per direction: what was done to frames.

@@ -7,7 +7,8 @@
 // further ahead than the ring holds, and a posted RX buffer outside its memory. The server must drop exactly
 // those frames, give the bad RX buffer back empty, count each fault once, deliver every sound frame intact and
 // in order around them, and end with its mbufs back; the client checks what came back. DPDK's own memif
-// server reads and writes wherever such a descriptor points.
+// server reads and writes wherever such a descriptor points. While it waits, the server pre-owns the buffers
+// the client posted (one of them outside its memory), which must change none of that.
 #include <catch2/catch.hpp>
 
 #include <unistd.h>
@@ -19,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "base/prefetch.hpp"
 #include "io/memif_layout.hpp"
 #include "io/port.hpp"
 #include "tests/support/processes.hpp"
@@ -132,9 +134,18 @@ int server_role(const std::string& socket, std::uint64_t faults) {
 
             if (tag == go) send(*port, reply, seq);
         }
+        // Waiting: take the client's posted buffers for writing, the one it points outside its memory among
+        // them (PortConfig::memif_pre_own). It must not count a fault, write anything, or move what tx() fills.
+        if (n == 0) port->idle();
     }
     const std::uint64_t counted = port->counters().peer_faults;
-    report("peer faults " + std::to_string(counted) + ", frames " + std::to_string(got.size()));
+    const std::uint64_t pre_owned = port->counters().tx_pre_owned;
+    report("peer faults " + std::to_string(counted) + ", frames " + std::to_string(got.size()) + ", pre-owned " +
+           std::to_string(pre_owned) + " bytes");
+    // Every posted buffer the walk reached was taken, a line at a time, and never more than kPreOwnMax ahead
+    // of a frame sent; on a CPU without PREFETCHW, nothing.
+    const bool pre_owned_right = softrdma::base::cpu_has_prefetchw() ? pre_owned != 0 && pre_owned % 64 == 0 : pre_owned == 0;
+    if (!pre_owned_right && err.empty()) err = "pre-owned " + std::to_string(pre_owned) + " bytes";
     if (got != want && err.empty()) err = "frames received are not the sound ones in order";
     if (counted != faults && err.empty()) err = "counted " + std::to_string(counted) + " peer faults, not " + std::to_string(faults);
     send(*port, ack, 0);
@@ -248,8 +259,16 @@ int client_role(const std::string& socket) {
     mem::MemifDesc& posted = rx_descs[next & r.mask(r.rxq)];
     const mem::MemifDesc saved = posted;
     posted.offset = static_cast<std::uint32_t>(region - 64);
+    // And the one after the reply's, which the server fills only after we made it sound again, but its
+    // pre-owning walk (PortConfig::memif_pre_own) starts there once the reply is sent: it must pass it without
+    // counting a fault.
+    mem::MemifDesc& later = rx_descs[static_cast<std::uint16_t>(next + 2) & r.mask(r.rxq)];
+    const mem::MemifDesc sound = later;
+    later.offset = static_cast<std::uint32_t>(region - 64);
     send(*port, go, 0);
     const unsigned empty = await(*port, reply);
+    std::this_thread::sleep_for(20ms);  // the server waiting, its walk past `later`
+    later = sound;
     posted = saved;  // the driver posts this buffer again; the server has given it back (the reply came after)
     report("empty frames before the reply: " + std::to_string(empty));
     if (empty != 1) throw std::runtime_error("expected one empty frame before the reply, got " + std::to_string(empty));

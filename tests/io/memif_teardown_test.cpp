@@ -166,6 +166,7 @@ struct Sender {
         }
         const unsigned sent = port.tx_burst(pending);  // the first `sent` now belong to the driver
         pending.erase(pending.begin(), pending.begin() + sent);
+        port.idle();  // a memif server pre-owns the client's posted buffers, in the same gate, racing the peer's leaving
     }
     void drop() {
         for (rte_mbuf* m : pending) rte_pktmbuf_free(m);  // never sent: still ours
