@@ -131,8 +131,8 @@ struct PortConfig {
     // memif server with its own path, on CPUs with PREFETCHW: while the stack has nothing to do, the lines of
     // the buffers the client posted for our next frames are taken for writing (prefetchw), so the copy of a
     // reply into them does not wait for each line to come from the client's core, which read it last
-    // (io::detail::MemifServerPath::pre_own). A 64 B SEND reply's copy 0.31 -> 0.03 us, 32 KiB 2.0 -> 1.1 us
-    // (README, "Taking the client's buffers before the reply").
+    // (io::detail::MemifServerPath::pre_own). A 32 KiB reply's copy 2.0 -> 1.1 us, its SEND half round trip
+    // 5.70 -> 5.28 us in a slow spell (README, "Taking the client's buffers before the reply").
     bool memif_pre_own = true;
     // Write every frame sent and received to this pcap file (tshark/Wireshark); empty = off. Debug aid:
     // it costs a buffered file write per frame.
