@@ -54,6 +54,18 @@ template <class Stage>
     }
 }
 
+// Where to begin writing into a page-aligned buffer (a fresh TX chunk) when the first payload lands `lead`
+// bytes after the beginning and comes from `src`: a multiple of 64 below 4 KiB such that the payload sits
+// 64-127 bytes above its source modulo 4 KiB, or 0 when it already sits 64 to 4096 - kUnaliasedReach bytes
+// above (later FPDUs land a few dozen bytes further each: a batch stays clear of the aliasing window, and
+// copy_out does not need its bounce buffer). A page-aligned source with SEND's 20-byte lead: 64.
+inline constexpr std::size_t kUnaliasedReach = 512;  // 8 FPDUs x at most 24 bytes of drift, plus the window
+inline std::size_t unaliased_start(const void* src, std::size_t lead) noexcept {
+    const std::size_t d = (lead - reinterpret_cast<std::uintptr_t>(src)) & 4095u;  // dst - src at start 0
+    if (d >= 64 && d <= 4096 - kUnaliasedReach) return 0;
+    return (((64 - d) & 4095u) + 63u) & ~std::size_t{63};
+}
+
 inline void copy_out(void* dst, const void* src, std::size_t n) noexcept {
     if (n < kBounceMin || !copy_aliases(dst, src)) {
         std::memcpy(dst, src, n);

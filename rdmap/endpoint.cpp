@@ -245,6 +245,21 @@ bool Endpoint::tx_ready() const {
     return !(request && tx_src_ != TxSrc::sq && orq_outstanding() >= cfg_.ord);
 }
 
+Endpoint::NextPayload Endpoint::next_payload() const noexcept {
+    // pull_tx's choice: the WR under way, else responses first, else the send queue's head.
+    const bool sq_next = tx_src_ == TxSrc::sq || (tx_src_ == TxSrc::none && irq_.empty() && !sq_.empty());
+    if (state_ == State::error || !sq_next || sq_.empty()) return {};
+    const WorkRequest& wr = sq_.front();
+    if ((wr.op != WrOp::send && wr.op != WrOp::write) || tx_phase_ != 0) return {};
+    std::size_t off = tx_src_ == TxSrc::sq ? tx_sent_ : 0;
+    for (std::size_t i = 0; i < wr.num_sge; ++i) {
+        const std::span<const std::byte> g = wr.sgl[i];
+        if (off < g.size()) return {g.data() + off, op_info(wr.op == WrOp::send ? Opcode::send : Opcode::write).hdr_len};
+        off -= g.size();
+    }
+    return {};
+}
+
 std::size_t Endpoint::max_payload(std::size_t hdr_len) const {
     const std::size_t m = framer_.mulpdu();
     return m > hdr_len ? m - hdr_len : 0;

@@ -111,6 +111,15 @@ public:
     // byte count. 0 when nothing is ready or the next FPDU does not fit.
     std::size_t pull_tx(std::span<std::byte> out);
     bool tx_ready() const;
+    // Where the payload of the next FPDU pull_tx() writes comes from, and the DDP/RDMAP header before it, when
+    // that FPDU is a SEND or WRITE segment with payload; {} otherwise (nothing queued, a READ response or
+    // request, an atomic, immediate data, a TERMINATE). For placing the FPDU where its payload copy runs fast
+    // (verbs::detail::TxHalf: base::unaliased_start).
+    struct NextPayload {
+        const std::byte* src = nullptr;
+        std::size_t hdr_len = 0;
+    };
+    NextPayload next_payload() const noexcept;
 
     // ---- RX: mpa UlpduHandler --------------------------------------------------------------------------------
     // Header bytes for a ULPDU whose first 16 bits are `ctrl`, counted from the DDP control byte. 0 for a

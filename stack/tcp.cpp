@@ -160,7 +160,7 @@ std::size_t TcpConnection::write(std::span<const std::byte> data) noexcept {
 }
 std::size_t TcpConnection::write_ref(std::span<const std::byte> data) noexcept { return write_flags(data, 0); }
 
-std::span<std::byte> TcpConnection::tx_buffer(std::size_t max) noexcept {
+std::span<std::byte> TcpConnection::tx_buffer(std::size_t max, std::size_t fresh_start) noexcept {
     io::TxArena* arena = stack_.port().tx_arena();
     if (arena == nullptr || pcb_ == nullptr || tx_staged() != 0) return {};
     max = std::min(max, io::TxArena::kUsable);
@@ -172,8 +172,9 @@ std::span<std::byte> TcpConnection::tx_buffer(std::size_t max) noexcept {
     const std::int32_t id = arena->acquire();
     if (id < 0) return {};
     tx_chunks_[(tx_head_ + tx_count_++) % kTxChunks] = TxChunk{id, 0, false};
-    tx_pushed_end_ = tx_staged_end_ = 0;
-    return arena->bytes(id).first(max);
+    fresh_start = std::min<std::size_t>(fresh_start & ~std::size_t{63}, 4032);
+    tx_pushed_end_ = tx_staged_end_ = fresh_start;  // lwIP is handed bytes from here on
+    return arena->bytes(id).subspan(fresh_start, std::min(max, io::TxArena::kUsable - fresh_start));
 }
 
 std::size_t TcpConnection::tx_push() noexcept {

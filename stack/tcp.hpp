@@ -108,7 +108,9 @@ public:
     // Room to build the next bytes to send in place: `max` bytes (at most io::TxArena::kUsable) at the tail of
     // this connection's TX chunk, or of a fresh chunk when the current one has less left. Empty when the port
     // has no arena, no chunk is free, or bytes are still staged (push them first): send with write() then.
-    std::span<std::byte> tx_buffer(std::size_t max) noexcept;
+    // `fresh_start`: where in a fresh chunk to begin (a multiple of 64 below 4 KiB, base::unaliased_start; the
+    // bytes before it are never sent); chunks are 64 KiB-aligned, so it sets the bytes' page offsets.
+    std::span<std::byte> tx_buffer(std::size_t max, std::size_t fresh_start = 0) noexcept;
     // The first `n` bytes of the last tx_buffer() hold bytes to send: they are staged.
     void tx_commit(std::size_t n) noexcept { tx_staged_end_ += n; }
     // Hands staged bytes to lwIP by reference (no copy); returns how many it took. Fewer than staged: the send

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "base/copy.hpp"
 #include "base/cycles.hpp"
 #include "stack/stack.hpp"
 #include "stack/tcp.hpp"
@@ -137,8 +138,15 @@ bool TxHalf::pump(stack::TcpConnection& tcp) noexcept {
             break;
         }
         const std::size_t space = tcp.send_space();
-        const std::size_t limit = tcp.nothing_in_flight() ? std::min<std::size_t>(kIdleBatch, batch_) : batch_;
-        std::span<std::byte> out = zero_copy_ ? tcp.tx_buffer(std::min(limit, space)) : std::span<std::byte>();
+        const bool quiet = tcp.nothing_in_flight();
+        const std::size_t limit = quiet ? std::min<std::size_t>(kIdleBatch, batch_) : batch_;
+        // A lone message in a fresh chunk: begin where its payload does not land 1-63 bytes above its source
+        // modulo 4 KiB (base::unaliased_start; with CRC or Markers the copy is staged anyway).
+        std::size_t fresh_start = 0;
+        if (zero_copy_ && quiet && fpdu_tx_->can_defer())
+            if (const rdmap::Endpoint::NextPayload np = ep_->next_payload(); np.src != nullptr)
+                fresh_start = base::unaliased_start(np.src, mpa::kLengthFieldSize + np.hdr_len);
+        std::span<std::byte> out = zero_copy_ ? tcp.tx_buffer(std::min(limit, space), fresh_start) : std::span<std::byte>();
         const bool in_place = !out.empty();
         if (!in_place) out = std::span<std::byte>(buf_).first(std::min(buf_.size(), space));
         const std::uint64_t t0 = cycles_proto_ != nullptr ? cycles_now() : 0;

@@ -50,3 +50,28 @@ TEST_CASE("copy_out copies what memcpy would, at every distance, touching nothin
         }
     }
 }
+
+TEST_CASE("unaliased_start: a batch begun there keeps its first FPDUs' payloads clear of aliasing") {
+    using softrdma::base::kUnaliasedReach;
+    using softrdma::base::unaliased_start;
+    alignas(4096) static std::byte page[2 * 4096];
+    // Every source page offset, with a WRITE's (2 + 14) and a SEND's (2 + 18) lead, and 8 FPDUs drifting by
+    // 24 bytes each (SEND: 18-byte header + length field + CRC; a WRITE drifts 20).
+    for (std::size_t p = 0; p < 4096; ++p) {
+        for (const std::size_t lead : {16u, 20u}) {
+            const std::byte* src = page + p;
+            const std::size_t s = unaliased_start(src, lead);
+            INFO("source page offset " << p << ", lead " << lead << ", start " << s);
+            REQUIRE(s % 64 == 0);
+            REQUIRE(s < 4096);
+            const std::byte* chunk = page + 4096;  // page-aligned, as a TX chunk
+            for (std::size_t k = 0; k < 8; ++k) CHECK_FALSE(copy_aliases(chunk + s + lead + 8960 * k, src + 8936 * k));
+            // Nothing moved when the first payload was clear already, with room for the batch's drift.
+            const std::size_t d0 = (lead + 4096 - p) % 4096;
+            if (d0 >= 64 && d0 <= 4096 - kUnaliasedReach) CHECK(s == 0);
+        }
+    }
+    CHECK(unaliased_start(page, 20) == 64);       // a page-aligned SEND: 20 bytes above, moved to 84
+    CHECK(unaliased_start(page + 16, 20) == 64);  // malloc's page + 16: 4 bytes above
+    CHECK(unaliased_start(page + 1000, 20) == 0);
+}

@@ -135,6 +135,40 @@ TEST_CASE("SEND/RECV: gathered SGEs, segmented at MULPDU, stream cut anywhere", 
     CHECK(got[300] == std::byte{0xEE});  // nothing past the message
 }
 
+TEST_CASE("next_payload: the source and header of the next FPDU's payload, only for SEND and WRITE data",
+          "[rdmap]") {
+    Side a(small_mss()), b(small_mss());
+    Endpoint& tx = a.ep.tx();
+    CHECK(tx.next_payload().src == nullptr);  // nothing queued
+    const auto p1 = bytes_of(150, 1), p2 = bytes_of(100, 2);
+    REQUIRE(a.ep.post(send_wr(1, p1, p2)) == PostStatus::ok);
+    CHECK(tx.next_payload().src == p1.data());
+    CHECK(tx.next_payload().hdr_len == op_info(Opcode::send).hdr_len);
+    // One FPDU at a time (104 payload bytes each): the next starts where the last one stopped, across SGEs.
+    std::vector<std::byte> out(mpa::fpdu_size_unmarked(a.tx.mulpdu()));
+    REQUIRE(a.ep.pull_tx(out) != 0);
+    CHECK(tx.next_payload().src == p1.data() + 104);
+    REQUIRE(a.ep.pull_tx(out) != 0);
+    CHECK(tx.next_payload().src == p2.data() + (208 - 150));
+    REQUIRE(a.ep.pull_tx(out) != 0);
+    CHECK(tx.next_payload().src == nullptr);  // the SEND is out
+    WorkRequest w;
+    w.op = WrOp::write;
+    w.sgl[0] = p2;
+    w.num_sge = 1;
+    w.remote_stag = 0x1234;
+    REQUIRE(a.ep.post(w) == PostStatus::ok);
+    CHECK(tx.next_payload().src == p2.data());
+    CHECK(tx.next_payload().hdr_len == op_info(Opcode::write).hdr_len);
+    a.drain();
+    WorkRequest r;
+    r.op = WrOp::read;
+    r.read_len = 64;
+    REQUIRE(a.ep.post(r) == PostStatus::ok);
+    CHECK(tx.next_payload().src == nullptr);  // a request carries no payload of ours
+    (void)b;
+}
+
 TEST_CASE("SEND: zero-length, solicited, MSN per message", "[rdmap]") {
     Side a, b;
     for (int i = 0; i < 3; ++i) b.upper.post_recv(64);
