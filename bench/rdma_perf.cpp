@@ -13,6 +13,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <string>
 
 #include <softrdma/log.hpp>
@@ -47,27 +48,62 @@ test::PeerConfig remote_config(const Options& o) {
     return c;
 }
 
+// --local's two cores from --cpu "SERVER,CLIENT" (default 0,1): false (and a message) when malformed.
+bool local_cores(const Options& o, std::string& server, std::string& client) {
+    server = "0";
+    client = "1";
+    if (o.cpu.empty()) return true;
+    const auto comma = o.cpu.find(',');
+    if (comma == std::string::npos) {
+        std::fprintf(stderr, "rdma_perf: --local and --core-rtt take two cores with --cpu: SERVER,CLIENT\n");
+        return false;
+    }
+    server = o.cpu.substr(0, comma);
+    client = o.cpu.substr(comma + 1);
+    return true;
+}
+
+// The host's cross-core cost (see core_round_trip_ns) between two cores given as numbers; nullopt when either
+// is not one core number, or they are the same.
+std::optional<double> cores_round_trip(const std::string& sa, const std::string& sb) {
+    char* end_a = nullptr;
+    char* end_b = nullptr;
+    const unsigned long a = std::strtoul(sa.c_str(), &end_a, 10);
+    const unsigned long b = std::strtoul(sb.c_str(), &end_b, 10);
+    if (*end_a != '\0' || *end_b != '\0' || end_a == sa.c_str() || end_b == sb.c_str() || a == b)
+        return std::nullopt;
+    return core_round_trip_ns(static_cast<unsigned>(a), static_cast<unsigned>(b));
+}
+
+// --core-rtt: the probe alone, so a caller can tell the host's spell before and after anything it measures.
+int run_core_rtt(const Options& o) {
+    std::string a, b;
+    if (!local_cores(o, a, b)) return 2;
+    const std::optional<double> ns = cores_round_trip(a, b);
+    if (!ns) {
+        std::fprintf(stderr, "rdma_perf: --core-rtt: cores %s and %s could not be measured (two different core "
+                     "numbers this process may run on)\n", a.c_str(), b.c_str());
+        return 1;
+    }
+    std::printf("core_rtt_ns %.1f (cores %s,%s)\n", *ns, a.c_str(), b.c_str());
+    if (!o.json.empty()) {
+        std::FILE* f = std::fopen(o.json.c_str(), "w");
+        if (f == nullptr || std::fprintf(f, "{\"tool\":\"rdma_perf\",\"kind\":\"core_rtt\",\"core_rtt_ns\":%.1f}\n", *ns) < 0 ||
+            std::fclose(f) != 0) {
+            std::fprintf(stderr, "rdma_perf: cannot write %s\n", o.json.c_str());
+            return 1;
+        }
+    }
+    return 0;
+}
+
 int run_local(Options o, double tpu) {
     auto [server, client] = test::memif_pair(o.mtu);
     server.tcp_port = client.tcp_port = o.tcp_port;
     if (o.no_huge) server.eal.hugepages = client.eal.hugepages = Hugepages::off;
-    if (!o.cpu.empty()) {
-        const auto comma = o.cpu.find(',');
-        if (comma == std::string::npos) {
-            std::fprintf(stderr, "rdma_perf: --local --cpu takes two cores: SERVER,CLIENT\n");
-            return 2;
-        }
-        server.eal.lcores = o.cpu.substr(0, comma);
-        client.eal.lcores = o.cpu.substr(comma + 1);
-    }
-    // The host's cross-core cost, for the banner (see core_round_trip_ns), between the cores the two ends run on
-    // (when each is one core number).
-    char* end_a = nullptr;
-    char* end_b = nullptr;
-    const unsigned long a = std::strtoul(server.eal.lcores.c_str(), &end_a, 10);
-    const unsigned long b = std::strtoul(client.eal.lcores.c_str(), &end_b, 10);
-    if (*end_a == '\0' && *end_b == '\0' && end_a != server.eal.lcores.c_str() && a != b)
-        o.core_rtt_ns = core_round_trip_ns(static_cast<unsigned>(a), static_cast<unsigned>(b));
+    if (!o.cpu.empty() && !local_cores(o, server.eal.lcores, client.eal.lcores)) return 2;
+    // The host's cross-core cost, for the banner, between the cores the two ends run on.
+    o.core_rtt_ns = cores_round_trip(server.eal.lcores, client.eal.lcores);
     // A child ends with its parent (killed by a caller's timeout): no orphan keeps polling a core.
     auto orphan_guard = [] { ::prctl(PR_SET_PDEATHSIG, SIGTERM); };
     const auto out = procs::run({{"server", [&, s = server] { orphan_guard(); return run_server(s, o, tpu); }},
@@ -97,6 +133,7 @@ int main(int argc, char** argv) {
         case Mode::local: return run_local(o, tpu);
         case Mode::server: return run_server(remote_config(o), o, tpu);
         case Mode::client: return run_client(remote_config(o), o, tpu);
+        case Mode::core_rtt: return run_core_rtt(o);
         }
     } catch (const std::exception& e) {
         std::fprintf(stderr, "rdma_perf: %s\n", e.what());

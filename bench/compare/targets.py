@@ -3,14 +3,20 @@
 """Issue 15's speed targets measured in one sitting (scripts/compare --targets).
 
 Rounds (default 5), each measuring in turn, per MTU (1500 then 9000): Linux kernel TCP between two network
-namespaces on a veth pair (64 KiB stream with blocking sockets; half round trip 4 KiB..1 MiB busy-polling),
-then softrdma's rdma_perf (run to completion unless said: WRITE, READ and SEND streams of 64 KiB and 1, 2, 4,
-8 MiB; 64 KiB WRITE with CRC; 64 KiB WRITE in RX-thread mode; SEND ping-pong 2 B..8 MiB; at MTU 1500 the 64 B
-SEND message rate, and bench/copy_ceiling: the copies alone, 8 MiB against 64 KiB). Every ratio is taken
-within a round (kernel and softrdma, or 8 MiB and 64 KiB, measured minutes apart at most: this host has slow
-and fast spells), and the table gives the median over the rounds with its range, and whether the median meets
-the target. Each round's cache line round trip between the two cores (rdma_perf's calibration) is printed
-beside it: compare sittings only at similar figures.
+namespaces on a veth pair (64 KiB stream with blocking sockets), then softrdma's rdma_perf (run to completion
+unless said: WRITE, READ and SEND streams of 64 KiB and 1, 2, 4, 8 MiB; 64 KiB WRITE with CRC; 64 KiB WRITE in
+RX-thread mode; at MTU 1500 the 64 B SEND message rate, and bench/copy_ceiling: the copies alone, 8 MiB
+against 64 KiB), then the half round trips size by size: kernel TCP busy-polling and softrdma's SEND ping-pong
+back to back, each between two probes of the host's spell. Every ratio is taken within a round, and the table
+gives the median over the rounds with its range, and whether the median meets the target.
+
+Spells: this host (two vCPUs of an EPYC) has fast spells, when its two cores share a cache (a cache line round
+trip between them ~140 ns), and slow ones (~600 ns), and they can change within a minute. Every cross-core
+hand-off costs more in a slow spell, and not by the same factor for kernel TCP and softrdma, so a ratio of a
+fast-spell kernel figure to a slow-spell softrdma one means nothing. Each half round trip run is therefore
+bracketed by `rdma_perf --core-rtt` probes and called fast (both under FAST_SPELL_NS), slow (both over) or
+changed; a ratio is kept only when both runs of a size were in the same spell, and the round trip targets have
+a row per spell. The bandwidth ratios are far from their thresholds and are not paired.
 
 Writes targets.md, targets.json and raw/ (every program's JSON and log) to results/targets-<date>-<time>/.
 The module is importable: tests/compare/check_compare.py checks verdicts() on hand-made rounds.
@@ -43,28 +49,88 @@ SMALL_RTT_US = 1.0                      # 64 B SEND half round trip at MTU 1500,
 
 # ---- measuring ----------------------------------------------------------------------------------------------
 
+FAST_SPELL_NS = 350  # a cache line round trip between the two cores under this: a fast spell (see above)
+SPELLS = ("fast", "slow")
+
+
 def kernel_round(a, raw, mtu, tag):
-    """Kernel TCP at one MTU: {'bw64k_gb_s': x, 'spin_us': {bytes: half round trip}}."""
+    """Kernel TCP's 64 KiB stream at one MTU: {'bw64k_gb_s': x}."""
     with C.kernel_tcp(a.build, mtu, os.path.join(raw, f"kernel-server-{tag}.log"), 200) as client:
-        bw_path, spin_path = (os.path.join(raw, f"kernel-{k}-{tag}.json") for k in ("bw", "spin"))
+        bw_path = os.path.join(raw, f"kernel-bw-{tag}.json")
         client(["--sizes", "64", "--iters", "2000", "--warmup", "200", "--stream-sizes", "65536",
                 "--stream-ms", "400", "--stream-reps", "3", "--json", bw_path],
                90, os.path.join(raw, f"kernel-bw-{tag}.log"))
-        client(["--spin", "--sizes", ",".join(map(str, RTT_SIZES)), "--stream-sizes", "",
-                "--iters", "2000", "--warmup", "200", "--json", spin_path],
-               90, os.path.join(raw, f"kernel-spin-{tag}.log"))
     with open(bw_path) as f:
         bw = C.pick(json.load(f)["bw"], 65536, "gb_s")
-    with open(spin_path) as f:
-        spin = {e["bytes"]: e["half_rtt_median_us"] for e in json.load(f)["lat"]}
     if bw is None:
         raise C.MeasureError(f"no 64 KiB stream figure in {bw_path}")
-    return {"bw64k_gb_s": bw, "spin_us": spin}
+    return {"bw64k_gb_s": bw}
+
+
+def spell(before_ns, after_ns):
+    """'fast' or 'slow' when both probes around a run agree, else None (the spell changed, or a probe failed)."""
+    if before_ns is None or after_ns is None:
+        return None
+    if max(before_ns, after_ns) < FAST_SPELL_NS:
+        return "fast"
+    if min(before_ns, after_ns) >= FAST_SPELL_NS:
+        return "slow"
+    return None
+
+
+def probe(exe, raw, name):
+    """The cache line round trip between cores 0 and 1 now (rdma_perf --core-rtt), or None if it failed."""
+    path = os.path.join(raw, f"probe-{name}.json")
+    try:
+        C.run([exe, "--core-rtt", "--json", path], 20, os.path.join(raw, f"probe-{name}.log"))
+        with open(path) as f:
+            v = json.load(f)["core_rtt_ns"]
+        return float(v) if isinstance(v, (int, float)) else None
+    except (C.MeasureError, OSError, ValueError, KeyError):
+        return None
+
+
+def rtt_round(a, raw, mtu, tag, kernel_first):
+    """Half round trips at one MTU, size by size, kernel TCP busy-polling and softrdma's SEND ping-pong back to
+    back between spell probes: {'sizes': {bytes: {'kernel_us', 'kernel_spell', 'softrdma_us', 'softrdma_spell',
+    'probes_ns'}}, 'errors': [..]} (64 B: softrdma only, for its absolute target)."""
+    exe = C.find_rdma_perf(a)
+    out = {"sizes": {}, "errors": []}
+    with C.kernel_tcp(a.build, mtu, os.path.join(raw, f"kernel-server-rtt-{tag}.log"), 400) as client:
+        def kernel(size):
+            path = os.path.join(raw, f"kernel-spin-{size}-{tag}.json")
+            client(["--spin", "--sizes", str(size), "--stream-sizes", "", "--iters", "2000", "--warmup", "200",
+                    "--json", path], 90, os.path.join(raw, f"kernel-spin-{size}-{tag}.log"))
+            with open(path) as f:
+                return {e["bytes"]: e["half_rtt_median_us"] for e in json.load(f)["lat"]}[size]
+
+        def softrdma(size):
+            path = os.path.join(raw, f"softrdma-lat-{size}-{tag}.json")
+            C.run([exe, "--test", "send", "--lat", "-s", str(size), "--mtu", str(mtu), "--json", path,
+                   "--timeout", "10", "--deadline", "60"], 75, os.path.join(raw, f"softrdma-lat-{size}-{tag}.log"))
+            return C.parse_rdma_perf(path)[2][size]["t_typical_us"]
+
+        for size in (64,) + RTT_SIZES:
+            # (the order alternates between rounds, so neither system always runs first after a change)
+            parts = [("softrdma", softrdma)] if size == 64 else \
+                [("kernel", kernel), ("softrdma", softrdma)][::1 if kernel_first else -1]
+            entry = {"probes_ns": [probe(exe, raw, f"{size}-{tag}-0")]}
+            for i, (part, fn) in enumerate(parts):
+                ok = False
+                try:
+                    entry[f"{part}_us"] = fn(size)
+                    ok = True
+                except (C.MeasureError, OSError, ValueError, KeyError, subprocess.SubprocessError) as e:
+                    out["errors"].append(f"{part} half round trip {size} B: {type(e).__name__}: {e}")
+                entry["probes_ns"].append(probe(exe, raw, f"{size}-{tag}-{i + 1}"))
+                entry[f"{part}_spell"] = spell(entry["probes_ns"][i], entry["probes_ns"][i + 1]) if ok else None
+            out["sizes"][size] = entry
+    return out
 
 
 def softrdma_round(a, raw, mtu, tag):
-    """rdma_perf at one MTU: {'bw': {'write': {bytes: GB/s}, ...}, 'crc64k', 'rx_thread64k', 'lat_us':
-    {bytes: half round trip}, 'msg_rate_mpps' (MTU 1500), 'core_rtt_ns': [..]}."""
+    """rdma_perf's streams at one MTU: {'bw': {'write': {bytes: GB/s}, ...}, 'crc64k', 'rx_thread64k',
+    'msg_rate_mpps' (MTU 1500), 'core_rtt_ns': [..]}."""
     exe = C.find_rdma_perf(a)
     plan = []
     for op in OPS:
@@ -72,7 +138,6 @@ def softrdma_round(a, raw, mtu, tag):
             plan.append((f"{op}-{size}", ["--test", op, "--bw", "-s", str(size)]))
     plan.append(("write-crc", ["--test", "write", "--bw", "-s", "65536", "--crc"]))
     plan.append(("write-rx-thread", ["--test", "write", "--bw", "-s", "65536", "--threading", "rx-thread"]))
-    plan.append(("send-lat", ["--test", "send", "--lat", "-a"]))
     if mtu == 1500:
         plan.append(("msg-rate", ["--test", "send", "--bw", "-s", "64", "-n", "1000000"]))
     out = {"bw": {op: {} for op in OPS}, "core_rtt_ns": [], "errors": []}
@@ -99,9 +164,7 @@ def softrdma_round(a, raw, mtu, tag):
             continue
         if rtt is not None:
             out["core_rtt_ns"].append(rtt)
-        if name == "send-lat":
-            out["lat_us"] = {b: r["t_typical_us"] for b, r in by_size.items()}
-        elif name == "msg-rate":
+        if name == "msg-rate":
             out["msg_rate_mpps"] = by_size[64]["msg_rate_mpps"]
         else:
             size = max(by_size)
@@ -135,7 +198,7 @@ def summary(vals):
 
 
 def verdicts(rounds, mtus):
-    """rounds: [{mtu: {'kernel': kernel_round(), 'softrdma': softrdma_round()}}]. Returns rows
+    """rounds: [{mtu: {'kernel': kernel_round(), 'softrdma': softrdma_round(), 'rtt': rtt_round()}}]. Returns rows
     (target, what, summary of the per-round values, threshold, 'min'|'max', met or None when not measured)."""
     rows = []
 
@@ -157,15 +220,24 @@ def verdicts(rounds, mtus):
                 row("1-8 MiB at 90 % of 64 KiB", f"MTU {m}: {op.upper()} {size // MiB} MiB / 64 KiB",
                     per_round(rounds, lambda r: r[m]["softrdma"]["bw"][op][size] / r[m]["softrdma"]["bw"][op][65536]),
                     LARGE_VS_64K, "min")
+    def paired(r, m, size, sp):
+        """softrdma / kernel half round trip at `size` when both ran in spell `sp` (else None)."""
+        e = r[m]["rtt"]["sizes"][size]
+        if e["kernel_spell"] != sp or e["softrdma_spell"] != sp:
+            return None
+        return e["softrdma_us"] / e["kernel_us"]
+
     for m in mtus:
         for size in RTT_SIZES:
             label = f"{size // KiB} KiB" if size < MiB else f"{size // MiB} MiB"
-            row("half round trip at most half of kernel TCP busy-polling", f"MTU {m}: {label}",
-                per_round(rounds, lambda r: r[m]["softrdma"]["lat_us"][size] / r[m]["kernel"]["spin_us"][size]),
-                RTT_VS_KERNEL, "max")
+            for sp in SPELLS:
+                row("half round trip at most half of kernel TCP busy-polling", f"MTU {m}: {label}, {sp} spell",
+                    per_round(rounds, lambda r: paired(r, m, size, sp)), RTT_VS_KERNEL, "max")
     if 1500 in mtus:
-        row("64 B SEND half round trip at most 1.0 us", "MTU 1500: us",
-            per_round(rounds, lambda r: r[1500]["softrdma"]["lat_us"][64]), SMALL_RTT_US, "max")
+        for sp in SPELLS:
+            row("64 B SEND half round trip at most 1.0 us", f"MTU 1500: us, {sp} spell",
+                per_round(rounds, lambda r: r[1500]["rtt"]["sizes"][64]["softrdma_us"]
+                          if r[1500]["rtt"]["sizes"][64]["softrdma_spell"] == sp else None), SMALL_RTT_US, "max")
     return rows
 
 
@@ -183,8 +255,13 @@ def figures(rounds, mtus):
         out.append((f"MTU {m}: RX-thread mode / kernel TCP, 64 KiB",
                     summary(per_round(rounds, lambda r: r[m]["softrdma"]["rx_thread64k"] /
                                       r[m]["kernel"]["bw64k_gb_s"]))))
-        out.append((f"MTU {m}: core cache line round trip, ns",
-                    summary(per_round(rounds, lambda r: statistics.median(r[m]["softrdma"]["core_rtt_ns"])))))
+        out.append((f"MTU {m}: core cache line round trip, ns (every probe of the round trip runs)",
+                    summary([x for r in rounds for e in r.get(m, {}).get("rtt", {}).get("sizes", {}).values()
+                             for x in e["probes_ns"] if x is not None])))
+        out.append((f"MTU {m}: half round trip sizes left unpaired (spells differed or changed), per round",
+                    summary(per_round(rounds, lambda r: sum(
+                        1 for size, e in r[m]["rtt"]["sizes"].items() if size in RTT_SIZES and
+                        (e["kernel_spell"] is None or e["kernel_spell"] != e["softrdma_spell"]))))))
     if 1500 in mtus:
         for kind, words in (("two_copies_gb_s", "two copies on two cores"), ("one_copy_gb_s", "one copy")):
             out.append((f"copy ceiling, {words}: 8 MiB / 64 KiB (bench/copy_ceiling)",
@@ -252,7 +329,8 @@ def main(argv=None):
             for m in mtus:
                 tag = f"r{i + 1}-mtu{m}"
                 rnd[m] = {}
-                for part, fn in (("kernel", kernel_round), ("softrdma", softrdma_round)):
+                for part, fn in (("kernel", kernel_round), ("softrdma", softrdma_round),
+                                 ("rtt", lambda a_, raw_, m_, tag_: rtt_round(a_, raw_, m_, tag_, i % 2 == 0))):
                     try:
                         rnd[m][part] = fn(a, raw, m, tag)
                         errors += [f"round {i + 1}, MTU {m}, {part}, {e}" for e in rnd[m][part].get("errors", [])]
@@ -260,9 +338,10 @@ def main(argv=None):
                         # (bad JSON, a program missing or a time limit: the part is left out of this round)
                         errors.append(f"round {i + 1}, MTU {m}, {part}: {type(e).__name__}: {e}")
             rounds.append(rnd)
-            rtts = [x for m in mtus for x in rnd[m].get("softrdma", {}).get("core_rtt_ns", [])]
+            rtts = [x for m in mtus for e in rnd[m].get("rtt", {}).get("sizes", {}).values()
+                    for x in e["probes_ns"] if x is not None]
             print(f"targets: round {i + 1}/{a.rounds} done in {time.monotonic() - t0:.0f} s"
-                  + (f", core round trip {statistics.median(rtts):.0f} ns" if rtts else ""),
+                  + (f", core round trip {min(rtts):.0f}-{max(rtts):.0f} ns" if rtts else ""),
                   file=sys.stderr, flush=True)
     except KeyboardInterrupt as e:
         print(f"targets: interrupted ({e or 'Ctrl-C'}); namespaces and processes removed", file=sys.stderr)

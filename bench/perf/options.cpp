@@ -102,6 +102,8 @@ void usage(const char* argv0) {
         "  --local             (default) fork a server and a client on this machine, over memif\n"
         "  --server            one end: listen, take the test from the client\n"
         "  --client ADDR       one end: connect to the server at ADDR, print the table\n"
+        "  --core-rtt          only measure the cache line round trip between the --cpu cores (default 0,1):\n"
+        "                      the host's spell (scripts/compare --targets pairs runs by it); --json too\n"
         "  --cpu LIST          --local: SERVER,CLIENT cores (default 0,1); else this process's DPDK core\n"
         "  --addr IP           our address (default 198.18.0.1 server, 198.18.0.2 client)\n"
         "  --netmask MASK      (default 255.255.255.0)\n"
@@ -253,6 +255,8 @@ bool parse(int argc, char** argv, Options& o, int& exit_code) {
             o.mode = Mode::local;
         } else if (a == "--server") {
             o.mode = Mode::server;
+        } else if (a == "--core-rtt") {
+            o.mode = Mode::core_rtt;
         } else if (a == "--client") {
             if (!value(v)) return fail("--client needs the server's address");
             o.mode = Mode::client;

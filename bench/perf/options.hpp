@@ -15,7 +15,7 @@ namespace softrdma::perf {
 
 enum class Test : std::uint8_t { send, write, read, atomic };
 enum class Kind : std::uint8_t { lat, bw };
-enum class Mode : std::uint8_t { local, server, client };
+enum class Mode : std::uint8_t { local, server, client, core_rtt };
 
 const char* to_string(Test t) noexcept;
 const char* to_string(Kind k) noexcept;

@@ -115,16 +115,24 @@ check(compare.versus(2.0, 1.0, "lower") == "2.00x worse" and compare.versus(None
 import targets  # noqa: E402  (bench/compare/targets.py)
 
 
-def fake_round(write64k, write8m, kernel_bw, rtt_128k, kspin_128k, small):
+def fake_round(write64k, write8m, kernel_bw, rtt_128k, kspin_128k, small, sp=("fast", "fast")):
+    """sp: the spells the kernel's and softrdma's half round trip runs were in (this round, every size)."""
     bw = {op: {65536: 9.0, **{s: 9.0 for s in targets.LARGE}} for op in targets.OPS}
     bw["write"] = {65536: write64k, **{s: write64k for s in targets.LARGE}}
     bw["write"][8 * targets.MiB] = write8m
-    lat = {s: 1.0 for s in targets.RTT_SIZES}
-    lat[128 * 1024], lat[64] = rtt_128k, small
-    return {1500: {"kernel": {"bw64k_gb_s": kernel_bw, "spin_us": {s: 4.0 for s in targets.RTT_SIZES}
-                              | {128 * 1024: kspin_128k}},
-                   "softrdma": {"bw": bw, "crc64k": kernel_bw * 0.9, "rx_thread64k": 2.0, "lat_us": lat,
-                                "msg_rate_mpps": 6.0, "core_rtt_ns": [150]}}}
+    sizes = {s: {"kernel_us": 4.0, "softrdma_us": 1.0, "kernel_spell": sp[0], "softrdma_spell": sp[1],
+                 "probes_ns": [150, 150, 150]} for s in targets.RTT_SIZES}
+    sizes[128 * 1024]["softrdma_us"] = rtt_128k
+    if kspin_128k is None:
+        del sizes[128 * 1024]["kernel_us"]
+        sizes[128 * 1024]["kernel_spell"] = None
+    else:
+        sizes[128 * 1024]["kernel_us"] = kspin_128k
+    sizes[64] = {"softrdma_us": small, "softrdma_spell": sp[1], "probes_ns": [150, 150]}
+    return {1500: {"kernel": {"bw64k_gb_s": kernel_bw},
+                   "softrdma": {"bw": bw, "crc64k": kernel_bw * 0.9, "rx_thread64k": 2.0,
+                                "msg_rate_mpps": 6.0, "core_rtt_ns": [150]},
+                   "rtt": {"sizes": sizes, "errors": []}}}
 
 
 # Three rounds; in the second the machine was slow for both systems (the ratio holds), in the third the
@@ -140,13 +148,37 @@ check(abs(c[2]["median"] - 0.9) < 1e-9 and c[5] is False, "targets: CRC at 0.9x 
 e = rows[("1-8 MiB at 90 % of 64 KiB", "MTU 1500: WRITE 8 MiB / 64 KiB")]
 check(abs(e[2]["median"] - 0.8) < 1e-9 and e[5] is False,
       "targets: 8 MiB / 64 KiB per round (0.8, 0.7, 0.95): median 0.8 misses 0.9")
-h = rows[("half round trip at most half of kernel TCP busy-polling", "MTU 1500: 128 KiB")]
+RT = "half round trip at most half of kernel TCP busy-polling"
+h = rows[(RT, "MTU 1500: 128 KiB, fast spell")]
 check(h[2]["n"] == 2 and h[5] is False and abs(h[2]["median"] - (0.5 + 2 / 3) / 2) < 1e-9,
       "targets: a round without the kernel's figure is left out of that row; 128 KiB at 0.58 misses <= 0.5")
-s = rows[("64 B SEND half round trip at most 1.0 us", "MTU 1500: us")]
+check(rows[(RT, "MTU 1500: 128 KiB, slow spell")][5] is None,
+      "targets: a spell no run was in gives 'not measured' for its row")
+s = rows[("64 B SEND half round trip at most 1.0 us", "MTU 1500: us, fast spell")]
 check(s[2]["median"] == 0.9 and s[5] is True, "targets: 64 B half round trip median 0.9 us meets <= 1.0")
 check(all(r[5] is None for r in targets.verdicts([{1500: {}}], [1500])),
       "targets: a round that measured nothing gives 'not measured', not a verdict")
+
+# Spells: a ratio is kept only when both runs of a size were in the same spell, and each spell has its row.
+check(targets.spell(140, 150) == "fast" and targets.spell(600, 620) == "slow" and targets.spell(140, 620) is None
+      and targets.spell(None, 150) is None, "targets: spell() needs both probes on one side of FAST_SPELL_NS")
+mixed = [fake_round(10.0, 8.0, 4.0, 2.0, 10.0, 0.9, ("fast", "fast")),      # 128 KiB 0.2, fast
+         fake_round(10.0, 8.0, 4.0, 8.0, 10.0, 1.7, ("slow", "slow")),      # 128 KiB 0.8, slow
+         fake_round(10.0, 8.0, 4.0, 3.0, 10.0, 0.9, ("fast", "slow")),      # left out: fast kernel, slow softrdma
+         fake_round(10.0, 8.0, 4.0, 7.0, 10.0, 1.5, ("slow", None))]        # left out: softrdma's spell changed
+mrows = {(r[0], r[1]): r for r in targets.verdicts(mixed, [1500])}
+f, sl = mrows[(RT, "MTU 1500: 128 KiB, fast spell")], mrows[(RT, "MTU 1500: 128 KiB, slow spell")]
+check(f[2]["n"] == 1 and abs(f[2]["median"] - 0.2) < 1e-9 and f[5] is True and
+      sl[2]["n"] == 1 and abs(sl[2]["median"] - 0.8) < 1e-9 and sl[5] is False,
+      "targets: fast and slow pairs each in their own row; pairs across spells or across a change left out")
+s_slow = mrows[("64 B SEND half round trip at most 1.0 us", "MTU 1500: us, slow spell")]
+check(s_slow[2]["n"] == 2 and abs(s_slow[2]["median"] - 1.3) < 1e-9 and s_slow[5] is False,
+      "targets: 64 B (an absolute target) judged per softrdma's own spell: slow runs 1.7 and 0.9 us, the run "
+      "whose spell changed left out")
+unpaired = dict(targets.figures(mixed, [1500]))[
+    "MTU 1500: half round trip sizes left unpaired (spells differed or changed), per round"]
+check(unpaired["median"] == (0 + len(targets.RTT_SIZES)) / 2 and unpaired["max"] == len(targets.RTT_SIZES),
+      "targets: the sizes left unpaired are counted per round")
 
 # ---- 2. the real thing, quick --------------------------------------------------------------------------
 if os.geteuid() != 0:
@@ -228,6 +260,17 @@ if st.get("softrdma") == "ok":
           f"every rdma_perf run's core calibration reached compare.json: {rtts}")
     check(any(l.startswith("- cache line round trip between the two cores") for l in md.splitlines()),
           "compare.md's notes give the core calibration")
+
+# The spell probe --targets brackets every half round trip run with (rdma_perf --core-rtt).
+perf_exe = os.path.join(build, "bench", "rdma_perf")
+ns = targets.probe(perf_exe, out, "check")
+check(ns is not None and 20 < ns < 100000, f"targets.probe: rdma_perf --core-rtt gives a cache line round trip ({ns} ns)")
+check(targets.probe(os.path.join(out, "no-such-rdma_perf"), out, "missing") is None,
+      "targets.probe: a probe that cannot run gives None (its run is then left unpaired), not an exception")
+r = subprocess.run([perf_exe, "--core-rtt", "--cpu", "0,0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                   text=True, timeout=30)
+check(r.returncode != 0 and "could not be measured" in r.stderr,
+      f"rdma_perf --core-rtt on one core refuses with a reason (exit {r.returncode}: {r.stderr.strip()})")
 
 
 def our_namespaces(pid):
