@@ -639,29 +639,34 @@ std::uint16_t MemifServerPath::rx(rte_mbuf** out, std::uint16_t want) noexcept {
     return n;
 }
 
-void MemifServerPath::pre_own(unsigned max_lines) noexcept {
+MemifServerPath::PostedState MemifServerPath::posted(Posted& w) noexcept {
     auto* q = static_cast<MemifQueue*>(txq_);
-    if (q == nullptr) return;
-    MemifRingHead* ring = connected_ring(q, tx_faults_, tx_bad_ring_);
-    if (ring == nullptr) return;
-    if ((__atomic_load_n(&ring->flags, __ATOMIC_RELAXED) & kRingMaskInterrupts) == 0) return;  // the driver's tx
+    if (q == nullptr) return PostedState::none;
+    w.ring = connected_ring(q, tx_faults_, tx_bad_ring_);
+    if (w.ring == nullptr) return PostedState::none;
+    if ((__atomic_load_n(&w.ring->flags, __ATOMIC_RELAXED) & kRingMaskInterrupts) == 0) return PostedState::driver;
+    w.size = static_cast<std::uint16_t>(1u << q->log2_ring_size);
+    w.mask = static_cast<std::uint16_t>(w.size - 1);
+    w.descs = ring_desc(w.ring);
+    w.tail = __atomic_load_n(ring_tail(w.ring), __ATOMIC_RELAXED);  // only tx() writes it
+    w.head = __atomic_load_n(&w.ring->head, __ATOMIC_ACQUIRE);      // pairs with the client's refill
+    return w.count() > w.size ? PostedState::bad : PostedState::ok;
+}
+
+void MemifServerPath::pre_own(unsigned max_lines) noexcept {
+    Posted w;
+    if (posted(w) != PostedState::ok) return;  // (a bad head is tx()'s to count)
     const auto* pp = static_cast<const MemifProcessPrivate*>(process_private_);
-    const auto size = static_cast<std::uint16_t>(1u << q->log2_ring_size);
-    const auto mask = static_cast<std::uint16_t>(size - 1);
-    const MemifDesc* descs = ring_desc(ring);
-    const std::uint16_t tail = __atomic_load_n(ring_tail(ring), __ATOMIC_RELAXED);  // only tx() writes it
-    const std::uint16_t head = __atomic_load_n(&ring->head, __ATOMIC_ACQUIRE);  // pairs with the client's refill
-    const auto posted = static_cast<std::uint16_t>(head - tail);
-    if (posted > size) return;  // impossible: tx() counts it
+    const std::uint16_t tail = w.tail, head = w.head;
     // A walk outside [tail, head) (a connection since, or the client took buffers back): start again at tail.
-    if (static_cast<std::uint16_t>(own_slot_ - tail) > posted) {
+    if (static_cast<std::uint16_t>(own_slot_ - tail) > w.count()) {
         own_slot_ = tail;
         own_off_ = 0;
         own_ahead_ = 0;
     }
     std::uint64_t taken = 0;
     while (max_lines != 0 && own_ahead_ < kPreOwnMax && own_slot_ != head) {
-        const MemifDesc d = read_desc(descs, own_slot_, mask);
+        const MemifDesc d = read_desc(w.descs, own_slot_, w.mask);
         const std::byte* b = d.length != 0 ? buffer_of(pp, d, d.length) : nullptr;
         if (b == nullptr || own_off_ >= d.length) {  // done with it, or not the client's memory: the next
             ++own_slot_;
@@ -682,24 +687,23 @@ void MemifServerPath::pre_own(unsigned max_lines) noexcept {
 // than one buffer goes on in the next (kDescNext), as the driver chains it. A posted buffer outside the
 // client's memory is given back empty (length 0: a frame of nothing, which its receiver drops) and counted.
 std::uint16_t MemifServerPath::tx(rte_mbuf** frames, std::uint16_t count) noexcept {
-    auto* q = static_cast<MemifQueue*>(txq_);
-    MemifRingHead* ring = connected_ring(q, tx_faults_, tx_bad_ring_);
-    if (ring == nullptr) return 0;
-    const auto* pp = static_cast<const MemifProcessPrivate*>(process_private_);
-    if ((__atomic_load_n(&ring->flags, __ATOMIC_RELAXED) & kRingMaskInterrupts) == 0)
-        return rte_eth_tx_burst(port_id_, 0, frames, count);  // the driver also signals the client's eventfd
-    const auto size = static_cast<std::uint16_t>(1u << q->log2_ring_size);
-    const auto mask = static_cast<std::uint16_t>(size - 1);
-    MemifDesc* descs = ring_desc(ring);
-    std::uint16_t* tailp = ring_tail(ring);
-    std::uint16_t slot = __atomic_load_n(tailp, __ATOMIC_RELAXED);  // only we write it
-    const std::uint16_t head = __atomic_load_n(&ring->head, __ATOMIC_ACQUIRE);  // pairs with the client's refill
-    std::uint16_t n_free = static_cast<std::uint16_t>(head - slot);
-    if (n_free > size) {
-        if (head != tx_bad_head_) fault(tx_faults_);  // more posted than the ring holds: nothing is sent
-        tx_bad_head_ = head;
+    Posted w;
+    switch (posted(w)) {
+    case PostedState::none: return 0;
+    case PostedState::driver: return rte_eth_tx_burst(port_id_, 0, frames, count);  // it signals the client's eventfd
+    case PostedState::bad:
+        if (w.head != tx_bad_head_) fault(tx_faults_);  // more posted than the ring holds: nothing is sent
+        tx_bad_head_ = w.head;
         return 0;
+    case PostedState::ok: break;
     }
+    auto* q = static_cast<MemifQueue*>(txq_);
+    const auto* pp = static_cast<const MemifProcessPrivate*>(process_private_);
+    const std::uint16_t mask = w.mask;
+    MemifDesc* descs = w.descs;
+    std::uint16_t* tailp = ring_tail(w.ring);
+    std::uint16_t slot = w.tail;
+    std::uint16_t n_free = w.count();
     tx_bad_head_ = ~0u;
     const std::uint16_t start = slot;
     std::uint16_t n = 0;

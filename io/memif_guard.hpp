@@ -170,6 +170,21 @@ private:
     // Queue q's ring while connected, or null: not connected, not mapped yet, or placed outside its region
     // (a fault, counted once while it lasts through `bad_ring`).
     MemifRingHead* connected_ring(void* q, std::uint64_t& faults, bool& bad_ring) noexcept;
+    // The server-to-client ring as tx() and pre_own() read it: the buffers the client has posted and we have
+    // not filled, [tail, head).
+    struct Posted {
+        MemifRingHead* ring = nullptr;
+        MemifDesc* descs = nullptr;
+        std::uint16_t size = 0, mask = 0, tail = 0, head = 0;
+        std::uint16_t count() const noexcept { return static_cast<std::uint16_t>(head - tail); }
+    };
+    enum class PostedState : std::uint8_t {
+        none,    // not connected (or the ring lies outside its region: counted by connected_ring)
+        driver,  // the client wants interrupts: the driver's tx signals them
+        ok,
+        bad      // more posted than the ring holds: the caller decides whether it is a fault
+    };
+    PostedState posted(Posted& w) noexcept;
     static void mark_done(Lease& l, std::uint16_t from, std::uint16_t to) noexcept;
     rte_mbuf* borrow(Lease& l, const MemifDesc* d, const std::byte* const* src, const std::uint32_t* len, unsigned k,
                      std::uint16_t slot, std::uint32_t total) noexcept;
