@@ -528,6 +528,13 @@ std::uint16_t MemifServerPath::rx(rte_mbuf** out, std::uint16_t want) noexcept {
     const auto mask = static_cast<std::uint16_t>(size - 1);
     const MemifDesc* descs = ring_desc(ring);
     std::uint16_t cur = q->last_head;
+    // The next frame's descriptor is asked for before the head is read: its address does not depend on the
+    // head, so when the head shows a new frame (the client wrote both lines) the two misses overlap instead of
+    // the descriptor's waiting for the head's. A hint only: the descriptor is read below, after the head's
+    // acquire. Slow spell (cores ~620 ns apart), SEND half round trip medians in 7 interleaved pairs: 64 B
+    // 1.62 -> 1.49 us (every pair lower), 4 KiB 2.24 -> 2.17; fast spell, 64 B message rate, 64 KiB WRITE
+    // unchanged (2026-11-30).
+    __builtin_prefetch(&descs[cur & mask]);
     const std::uint16_t head = __atomic_load_n(&ring->head, __ATOMIC_ACQUIRE);  // pairs with the client's release
     // Borrowing, the client may use only the slots we gave back: a head further than a ring past them would
     // put new frames into slots still out.
