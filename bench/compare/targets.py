@@ -7,7 +7,8 @@ namespaces on a veth pair (64 KiB stream with blocking sockets), then softrdma's
 unless said: WRITE, READ and SEND streams of 64 KiB and 1, 2, 4, 8 MiB; 64 KiB WRITE with CRC; 64 KiB WRITE in
 RX-thread mode; at MTU 1500 the 64 B SEND message rate, and bench/copy_ceiling: the copies alone, 8 MiB
 against 64 KiB), then the half round trips size by size: kernel TCP busy-polling and softrdma's SEND ping-pong
-back to back, each between two probes of the host's spell. Every ratio is taken within a round, and the table
+back to back, each twice (the lower median kept: kernel TCP's connections are bimodal at 256 KiB) between two
+probes of the host's spell. Every ratio is taken within a round, and the table
 gives the median over the rounds with its range, and whether the median meets the target.
 
 Spells: this host (two vCPUs of an EPYC) has fast spells, when its two cores share a cache (a cache line round
@@ -16,7 +17,9 @@ hand-off costs more in a slow spell, and not by the same factor for kernel TCP a
 fast-spell kernel figure to a slow-spell softrdma one means nothing. Each half round trip run is therefore
 bracketed by `rdma_perf --core-rtt` probes and called fast (both under FAST_SPELL_NS), slow (both over) or
 changed; a ratio is kept only when both runs of a size were in the same spell, and the round trip targets have
-a row per spell. The bandwidth ratios are far from their thresholds and are not paired.
+a row per spell. So have the 1-8 MiB rows (each stream run between probes too, paired with its 64 KiB run: the
+caches of a fast spell fall at 4-8 MiB, where a slow spell's crossing between the cores sets the pace at every
+size). The ratios to kernel TCP's stream are far from their thresholds and are not paired.
 
 Writes targets.md, targets.json and raw/ (every program's JSON and log) to results/targets-<date>-<time>/.
 The module is importable: tests/compare/check_compare.py checks verdicts() on hand-made rounds.
@@ -51,6 +54,7 @@ SMALL_RTT_US = 1.0                      # 64 B SEND half round trip at MTU 1500,
 
 FAST_SPELL_NS = 350  # a cache line round trip between the two cores under this: a fast spell (see above)
 SPELLS = ("fast", "slow")
+RTT_RUNS = 2  # runs of each system per half round trip size, the lower median kept (see rtt_round)
 
 
 def kernel_round(a, raw, mtu, tag):
@@ -92,22 +96,23 @@ def probe(exe, raw, name):
 
 def rtt_round(a, raw, mtu, tag, kernel_first):
     """Half round trips at one MTU, size by size, kernel TCP busy-polling and softrdma's SEND ping-pong back to
-    back between spell probes: {'sizes': {bytes: {'kernel_us', 'kernel_spell', 'softrdma_us', 'softrdma_spell',
-    'probes_ns'}}, 'errors': [..]} (64 B: softrdma only, for its absolute target)."""
+    back, each system RTT_RUNS times between two spell probes: {'sizes': {bytes: {'kernel_us' (the lowest),
+    'kernel_runs_us', 'kernel_spell', 'softrdma_us', 'softrdma_runs_us', 'softrdma_spell', 'probes_ns'}},
+    'errors': [..]} (64 B: softrdma only, for its absolute target)."""
     exe = C.find_rdma_perf(a)
     out = {"sizes": {}, "errors": []}
     with C.kernel_tcp(a.build, mtu, os.path.join(raw, f"kernel-server-rtt-{tag}.log"), 400) as client:
-        def kernel(size):
-            path = os.path.join(raw, f"kernel-spin-{size}-{tag}.json")
+        def kernel(size, k):
+            path = os.path.join(raw, f"kernel-spin-{size}-{tag}-{k}.json")
             client(["--spin", "--sizes", str(size), "--stream-sizes", "", "--iters", "2000", "--warmup", "200",
-                    "--json", path], 90, os.path.join(raw, f"kernel-spin-{size}-{tag}.log"))
+                    "--json", path], 90, os.path.join(raw, f"kernel-spin-{size}-{tag}-{k}.log"))
             with open(path) as f:
                 return {e["bytes"]: e["half_rtt_median_us"] for e in json.load(f)["lat"]}[size]
 
-        def softrdma(size):
-            path = os.path.join(raw, f"softrdma-lat-{size}-{tag}.json")
+        def softrdma(size, k):
+            path = os.path.join(raw, f"softrdma-lat-{size}-{tag}-{k}.json")
             C.run([exe, "--test", "send", "--lat", "-s", str(size), "--mtu", str(mtu), "--json", path,
-                   "--timeout", "10", "--deadline", "60"], 75, os.path.join(raw, f"softrdma-lat-{size}-{tag}.log"))
+                   "--timeout", "10", "--deadline", "60"], 75, os.path.join(raw, f"softrdma-lat-{size}-{tag}-{k}.log"))
             return C.parse_rdma_perf(path)[2][size]["t_typical_us"]
 
         for size in (64,) + RTT_SIZES:
@@ -116,12 +121,19 @@ def rtt_round(a, raw, mtu, tag, kernel_first):
                 [("kernel", kernel), ("softrdma", softrdma)][::1 if kernel_first else -1]
             entry = {"probes_ns": [probe(exe, raw, f"{size}-{tag}-0")]}
             for i, (part, fn) in enumerate(parts):
-                ok = False
-                try:
-                    entry[f"{part}_us"] = fn(size)
-                    ok = True
-                except (C.MeasureError, OSError, ValueError, KeyError, subprocess.SubprocessError) as e:
-                    out["errors"].append(f"{part} half round trip {size} B: {type(e).__name__}: {e}")
+                # Each system twice (a fresh connection each), the lower median kept: kernel TCP's connections
+                # are bimodal at some sizes (256 KiB busy-polling: ~37 or ~130 us per connection, at random),
+                # and the target is to beat it at its best; softrdma gets the same.
+                got = []
+                for k in range(RTT_RUNS):
+                    try:
+                        got.append(fn(size, k))
+                    except (C.MeasureError, OSError, ValueError, KeyError, subprocess.SubprocessError) as e:
+                        out["errors"].append(f"{part} half round trip {size} B: {type(e).__name__}: {e}")
+                ok = bool(got)
+                if ok:
+                    entry[f"{part}_us"] = min(got)
+                    entry[f"{part}_runs_us"] = got
                 entry["probes_ns"].append(probe(exe, raw, f"{size}-{tag}-{i + 1}"))
                 entry[f"{part}_spell"] = spell(entry["probes_ns"][i], entry["probes_ns"][i + 1]) if ok else None
             out["sizes"][size] = entry
@@ -129,8 +141,8 @@ def rtt_round(a, raw, mtu, tag, kernel_first):
 
 
 def softrdma_round(a, raw, mtu, tag):
-    """rdma_perf's streams at one MTU: {'bw': {'write': {bytes: GB/s}, ...}, 'crc64k', 'rx_thread64k',
-    'msg_rate_mpps' (MTU 1500), 'core_rtt_ns': [..]}."""
+    """rdma_perf's streams at one MTU: {'bw': {'write': {bytes: GB/s}, ...}, 'bw_spell': {'write': {bytes:
+    'fast'|'slow'|None}, ...}, 'crc64k', 'rx_thread64k', 'msg_rate_mpps' (MTU 1500), 'core_rtt_ns': [..]}."""
     exe = C.find_rdma_perf(a)
     plan = []
     for op in OPS:
@@ -153,7 +165,11 @@ def softrdma_round(a, raw, mtu, tag):
                 out["copy_ceiling"] = {r["bytes"]: r for r in json.load(f)["results"]}
         except (C.MeasureError, OSError, ValueError, KeyError) as e:
             out["errors"].append(f"copy_ceiling: {e}")
-    for name, args in plan:  # a run that fails is reported and leaves its figures out; the others go on
+    # Each run between two spell probes (one probe between two runs serves both): a large message's ratio to
+    # 64 KiB is kept per spell, as the round trips' (a fast spell's caches fall at 4-8 MiB, a slow one's not).
+    before = probe(exe, raw, f"bw-{tag}-0")
+    out["bw_spell"] = {op: {} for op in OPS}
+    for i, (name, args) in enumerate(plan):  # a run that fails is reported and leaves its figures out
         path = os.path.join(raw, f"softrdma-{name}-{tag}.json")
         try:
             C.run([exe] + args + ["--mtu", str(mtu), "--json", path, "--timeout", "10", "--deadline", "120"],
@@ -161,7 +177,10 @@ def softrdma_round(a, raw, mtu, tag):
             _, kind, by_size, rtt = C.parse_rdma_perf(path)
         except C.MeasureError as e:
             out["errors"].append(f"{name}: {e}")
+            before = probe(exe, raw, f"bw-{tag}-{i + 1}")
             continue
+        after = probe(exe, raw, f"bw-{tag}-{i + 1}")
+        run_spell, before = spell(before, after), after
         if rtt is not None:
             out["core_rtt_ns"].append(rtt)
         if name == "msg-rate":
@@ -175,6 +194,7 @@ def softrdma_round(a, raw, mtu, tag):
                 out["rx_thread64k"] = gb
             else:
                 out["bw"][name.split("-")[0]][size] = gb
+                out["bw_spell"][name.split("-")[0]][size] = run_spell
     return out
 
 
@@ -197,6 +217,14 @@ def summary(vals):
     return {"median": statistics.median(vals), "min": min(vals), "max": max(vals), "n": len(vals)} if vals else None
 
 
+def large_ratio(soft, op, size, sp):
+    """softrdma's `op` stream at `size` / at 64 KiB in one round, when both runs were in spell `sp` (else None)."""
+    sp_of = soft["bw_spell"][op]
+    if sp_of[size] != sp or sp_of[65536] != sp:
+        return None
+    return soft["bw"][op][size] / soft["bw"][op][65536]
+
+
 def verdicts(rounds, mtus):
     """rounds: [{mtu: {'kernel': kernel_round(), 'softrdma': softrdma_round(), 'rtt': rtt_round()}}]. Returns rows
     (target, what, summary of the per-round values, threshold, 'min'|'max', met or None when not measured)."""
@@ -217,9 +245,9 @@ def verdicts(rounds, mtus):
     for m in mtus:
         for op in OPS:
             for size in LARGE:
-                row("1-8 MiB at 90 % of 64 KiB", f"MTU {m}: {op.upper()} {size // MiB} MiB / 64 KiB",
-                    per_round(rounds, lambda r: r[m]["softrdma"]["bw"][op][size] / r[m]["softrdma"]["bw"][op][65536]),
-                    LARGE_VS_64K, "min")
+                for sp in SPELLS:
+                    row("1-8 MiB at 90 % of 64 KiB", f"MTU {m}: {op.upper()} {size // MiB} MiB / 64 KiB, {sp} spell",
+                        per_round(rounds, lambda r: large_ratio(r[m]["softrdma"], op, size, sp)), LARGE_VS_64K, "min")
     def paired(r, m, size, sp):
         """softrdma / kernel half round trip at `size` when both ran in spell `sp` (else None)."""
         e = r[m]["rtt"]["sizes"][size]

@@ -130,7 +130,8 @@ def fake_round(write64k, write8m, kernel_bw, rtt_128k, kspin_128k, small, sp=("f
         sizes[128 * 1024]["kernel_us"] = kspin_128k
     sizes[64] = {"softrdma_us": small, "softrdma_spell": sp[1], "probes_ns": [150, 150]}
     return {1500: {"kernel": {"bw64k_gb_s": kernel_bw},
-                   "softrdma": {"bw": bw, "crc64k": kernel_bw * 0.9, "rx_thread64k": 2.0,
+                   "softrdma": {"bw": bw, "bw_spell": {op: {sz: sp[1] for sz in bw[op]} for op in targets.OPS},
+                                "crc64k": kernel_bw * 0.9, "rx_thread64k": 2.0,
                                 "msg_rate_mpps": 6.0, "core_rtt_ns": [150]},
                    "rtt": {"sizes": sizes, "errors": []}}}
 
@@ -145,7 +146,7 @@ check(w[2]["median"] == 2.5 and (w[2]["min"], w[2]["max"], w[2]["n"]) == (2.0, 3
       "targets: 64 KiB WRITE / kernel per round (2.5, 3.0, 2.0): median 2.5 meets >= 1.5")
 c = rows[("64 KiB WRITE with CRC vs kernel TCP", "MTU 1500: softrdma (CRC on) / kernel")]
 check(abs(c[2]["median"] - 0.9) < 1e-9 and c[5] is False, "targets: CRC at 0.9x kernel misses 'still ahead'")
-e = rows[("1-8 MiB at 90 % of 64 KiB", "MTU 1500: WRITE 8 MiB / 64 KiB")]
+e = rows[("1-8 MiB at 90 % of 64 KiB", "MTU 1500: WRITE 8 MiB / 64 KiB, fast spell")]
 check(abs(e[2]["median"] - 0.8) < 1e-9 and e[5] is False,
       "targets: 8 MiB / 64 KiB per round (0.8, 0.7, 0.95): median 0.8 misses 0.9")
 RT = "half round trip at most half of kernel TCP busy-polling"
@@ -175,6 +176,17 @@ s_slow = mrows[("64 B SEND half round trip at most 1.0 us", "MTU 1500: us, slow 
 check(s_slow[2]["n"] == 2 and abs(s_slow[2]["median"] - 1.3) < 1e-9 and s_slow[5] is False,
       "targets: 64 B (an absolute target) judged per softrdma's own spell: slow runs 1.7 and 0.9 us, the run "
       "whose spell changed left out")
+L = "1-8 MiB at 90 % of 64 KiB"
+lf, ls = mrows[(L, "MTU 1500: WRITE 8 MiB / 64 KiB, fast spell")], mrows[(L, "MTU 1500: WRITE 8 MiB / 64 KiB, slow spell")]
+check(lf[2]["n"] == 1 and ls[2]["n"] == 2 and abs(lf[2]["median"] - 0.8) < 1e-9,
+      "targets: 8 MiB / 64 KiB kept per softrdma's spell (fast 1 round, slow 2; the round whose spell changed out)")
+shifted = fake_round(10.0, 5.0, 4.0, 5.0, 10.0, 0.9)
+shifted[1500]["softrdma"]["bw_spell"]["write"][8 * targets.MiB] = "slow"  # the 64 KiB run fast, the 8 MiB slow
+srows = {(r[0], r[1]): r for r in targets.verdicts([shifted], [1500])}
+check(srows[(L, "MTU 1500: WRITE 8 MiB / 64 KiB, fast spell")][5] is None and
+      srows[(L, "MTU 1500: WRITE 8 MiB / 64 KiB, slow spell")][5] is None and
+      srows[(L, "MTU 1500: WRITE 4 MiB / 64 KiB, fast spell")][5] is True,
+      "targets: an 8 MiB run in another spell than its 64 KiB run gives no ratio (0.5 would have missed)")
 unpaired = dict(targets.figures(mixed, [1500]))[
     "MTU 1500: half round trip sizes left unpaired (spells differed or changed), per round"]
 check(unpaired["median"] == (0 + len(targets.RTT_SIZES)) / 2 and unpaired["max"] == len(targets.RTT_SIZES),
