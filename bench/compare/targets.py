@@ -12,12 +12,13 @@ at 256 KiB), between two probes of the host's spell. Every ratio is taken within
 gives the median over the rounds with its range, and whether the median meets the target.
 
 Spells: this host (two vCPUs of an EPYC) has fast spells, when its two cores share a cache (a cache line round
-trip between them ~140 ns), and slow ones (~600 ns), and they can change within a minute. Every cross-core
-hand-off costs more in a slow spell, and not by the same factor for kernel TCP and softrdma, so a ratio of a
-fast-spell kernel figure to a slow-spell softrdma one means nothing. Each half round trip run is therefore
-bracketed by `rdma_perf --core-rtt` probes and called fast (both under FAST_SPELL_NS), slow (both over) or
-changed; a ratio is kept only when both runs of a size were in the same spell, and the round trip targets have
-a row per spell. So have the 1-8 MiB rows (each stream run between probes too, paired with its 64 KiB run: the
+trip between them ~140 ns), slow ones (~600 ns: another core complex), now and then a shared one (~65 ns: the
+two vCPUs on one physical core's two threads, which then share its execution units and its copies' bandwidth),
+and they can change within a minute. Each costs a cross-core hand-off and a copy differently, and not by the
+same factor for kernel TCP and softrdma, so a ratio of a fast-spell kernel figure to a slow-spell softrdma one
+means nothing. Each half round trip run is therefore bracketed by `rdma_perf --core-rtt` probes and called
+shared, fast or slow (both probes in its band: SPELL_BANDS_NS) or changed; a ratio is kept only when both
+runs of a size were in the same spell, and the round trip targets have a row per spell seen. So have the 1-8 MiB rows (each stream run between probes too, paired with its 64 KiB run: the
 caches of a fast spell fall at 4-8 MiB, where a slow spell's crossing between the cores sets the pace at every
 size). The ratios to kernel TCP's stream are far from their thresholds and are not paired.
 
@@ -52,8 +53,10 @@ SMALL_RTT_US = 1.0                      # 64 B SEND half round trip at MTU 1500,
 
 # ---- measuring ----------------------------------------------------------------------------------------------
 
-FAST_SPELL_NS = 350  # a cache line round trip between the two cores under this: a fast spell (see above)
-SPELLS = ("fast", "slow")
+# A cache line round trip between the two cores under 100 ns: one physical core's two threads (shared); under
+# 350 ns: one core complex (fast); else slow (see above).
+SPELL_BANDS_NS = (("shared", 100), ("fast", 350), ("slow", float("inf")))
+SPELLS = tuple(name for name, _ in SPELL_BANDS_NS)
 # Runs per half round trip size, the lowest median kept (see rtt_round): kernel TCP's connections are bimodal at
 # 256 KiB (one in two or so at ~4x its best), softrdma's runs within a few % of each other. In the kernel's favour.
 RTT_RUNS = {"kernel": 4, "softrdma": 2}
@@ -74,14 +77,11 @@ def kernel_round(a, raw, mtu, tag):
 
 
 def spell(before_ns, after_ns):
-    """'fast' or 'slow' when both probes around a run agree, else None (the spell changed, or a probe failed)."""
+    """The spell both probes around a run fall in (SPELL_BANDS_NS), else None (it changed, or a probe failed)."""
     if before_ns is None or after_ns is None:
         return None
-    if max(before_ns, after_ns) < FAST_SPELL_NS:
-        return "fast"
-    if min(before_ns, after_ns) >= FAST_SPELL_NS:
-        return "slow"
-    return None
+    band = [next(name for name, top in SPELL_BANDS_NS if ns < top) for ns in (before_ns, after_ns)]
+    return band[0] if band[0] == band[1] else None
 
 
 def probe(exe, raw, name):
@@ -237,6 +237,14 @@ def verdicts(rounds, mtus):
         met = None if s is None else (s["median"] >= threshold if kind == "min" else s["median"] <= threshold)
         rows.append((target, what, s, threshold, kind, met))
 
+    def spell_rows(target, what, fn, threshold, kind):
+        """A row per spell with measurements (`fn(round, spell)`), or one 'not measured' row when none has."""
+        measured = [(sp, vals) for sp in SPELLS if (vals := per_round(rounds, lambda r: fn(r, sp)))]
+        for sp, vals in measured:
+            row(target, f"{what}, {sp} spell", vals, threshold, kind)
+        if not measured:
+            row(target, what, [], threshold, kind)
+
     for m in mtus:
         row("64 KiB WRITE vs kernel TCP", f"MTU {m}: softrdma / kernel 64 KiB stream",
             per_round(rounds, lambda r: r[m]["softrdma"]["bw"]["write"][65536] / r[m]["kernel"]["bw64k_gb_s"]),
@@ -247,9 +255,8 @@ def verdicts(rounds, mtus):
     for m in mtus:
         for op in OPS:
             for size in LARGE:
-                for sp in SPELLS:
-                    row("1-8 MiB at 90 % of 64 KiB", f"MTU {m}: {op.upper()} {size // MiB} MiB / 64 KiB, {sp} spell",
-                        per_round(rounds, lambda r: large_ratio(r[m]["softrdma"], op, size, sp)), LARGE_VS_64K, "min")
+                spell_rows("1-8 MiB at 90 % of 64 KiB", f"MTU {m}: {op.upper()} {size // MiB} MiB / 64 KiB",
+                           lambda r, sp: large_ratio(r[m]["softrdma"], op, size, sp), LARGE_VS_64K, "min")
     def paired(r, m, size, sp):
         """softrdma / kernel half round trip at `size` when both ran in spell `sp` (else None)."""
         e = r[m]["rtt"]["sizes"][size]
@@ -260,14 +267,12 @@ def verdicts(rounds, mtus):
     for m in mtus:
         for size in RTT_SIZES:
             label = f"{size // KiB} KiB" if size < MiB else f"{size // MiB} MiB"
-            for sp in SPELLS:
-                row("half round trip at most half of kernel TCP busy-polling", f"MTU {m}: {label}, {sp} spell",
-                    per_round(rounds, lambda r: paired(r, m, size, sp)), RTT_VS_KERNEL, "max")
+            spell_rows("half round trip at most half of kernel TCP busy-polling", f"MTU {m}: {label}",
+                       lambda r, sp: paired(r, m, size, sp), RTT_VS_KERNEL, "max")
     if 1500 in mtus:
-        for sp in SPELLS:
-            row("64 B SEND half round trip at most 1.0 us", f"MTU 1500: us, {sp} spell",
-                per_round(rounds, lambda r: r[1500]["rtt"]["sizes"][64]["softrdma_us"]
-                          if r[1500]["rtt"]["sizes"][64]["softrdma_spell"] == sp else None), SMALL_RTT_US, "max")
+        spell_rows("64 B SEND half round trip at most 1.0 us", "MTU 1500: us",
+                   lambda r, sp: r[1500]["rtt"]["sizes"][64]["softrdma_us"]
+                   if r[1500]["rtt"]["sizes"][64]["softrdma_spell"] == sp else None, SMALL_RTT_US, "max")
     return rows
 
 

@@ -153,16 +153,18 @@ RT = "half round trip at most half of kernel TCP busy-polling"
 h = rows[(RT, "MTU 1500: 128 KiB, fast spell")]
 check(h[2]["n"] == 2 and h[5] is False and abs(h[2]["median"] - (0.5 + 2 / 3) / 2) < 1e-9,
       "targets: a round without the kernel's figure is left out of that row; 128 KiB at 0.58 misses <= 0.5")
-check(rows[(RT, "MTU 1500: 128 KiB, slow spell")][5] is None,
-      "targets: a spell no run was in gives 'not measured' for its row")
+check((RT, "MTU 1500: 128 KiB, slow spell") not in rows and (RT, "MTU 1500: 128 KiB, shared spell") not in rows,
+      "targets: a spell no run was in gets no row")
 s = rows[("64 B SEND half round trip at most 1.0 us", "MTU 1500: us, fast spell")]
 check(s[2]["median"] == 0.9 and s[5] is True, "targets: 64 B half round trip median 0.9 us meets <= 1.0")
-check(all(r[5] is None for r in targets.verdicts([{1500: {}}], [1500])),
-      "targets: a round that measured nothing gives 'not measured', not a verdict")
+nothing = targets.verdicts([{1500: {}}], [1500])
+check(all(r[5] is None for r in nothing) and (RT, "MTU 1500: 128 KiB") in {(r[0], r[1]) for r in nothing},
+      "targets: a round that measured nothing gives one 'not measured' row per target, not a verdict")
 
 # Spells: a ratio is kept only when both runs of a size were in the same spell, and each spell has its row.
-check(targets.spell(140, 150) == "fast" and targets.spell(600, 620) == "slow" and targets.spell(140, 620) is None
-      and targets.spell(None, 150) is None, "targets: spell() needs both probes on one side of FAST_SPELL_NS")
+check(targets.spell(140, 150) == "fast" and targets.spell(600, 620) == "slow" and targets.spell(60, 70) == "shared"
+      and targets.spell(140, 620) is None and targets.spell(65, 140) is None and targets.spell(None, 150) is None,
+      "targets: spell() needs both probes in one band (shared < 100 ns, fast < 350, slow)")
 mixed = [fake_round(10.0, 8.0, 4.0, 2.0, 10.0, 0.9, ("fast", "fast")),      # 128 KiB 0.2, fast
          fake_round(10.0, 8.0, 4.0, 8.0, 10.0, 1.7, ("slow", "slow")),      # 128 KiB 0.8, slow
          fake_round(10.0, 8.0, 4.0, 3.0, 10.0, 0.9, ("fast", "slow")),      # left out: fast kernel, slow softrdma
@@ -183,8 +185,8 @@ check(lf[2]["n"] == 1 and ls[2]["n"] == 2 and abs(lf[2]["median"] - 0.8) < 1e-9,
 shifted = fake_round(10.0, 5.0, 4.0, 5.0, 10.0, 0.9)
 shifted[1500]["softrdma"]["bw_spell"]["write"][8 * targets.MiB] = "slow"  # the 64 KiB run fast, the 8 MiB slow
 srows = {(r[0], r[1]): r for r in targets.verdicts([shifted], [1500])}
-check(srows[(L, "MTU 1500: WRITE 8 MiB / 64 KiB, fast spell")][5] is None and
-      srows[(L, "MTU 1500: WRITE 8 MiB / 64 KiB, slow spell")][5] is None and
+check(srows[(L, "MTU 1500: WRITE 8 MiB / 64 KiB")][5] is None and
+      (L, "MTU 1500: WRITE 8 MiB / 64 KiB, fast spell") not in srows and
       srows[(L, "MTU 1500: WRITE 4 MiB / 64 KiB, fast spell")][5] is True,
       "targets: an 8 MiB run in another spell than its 64 KiB run gives no ratio (0.5 would have missed)")
 unpaired = dict(targets.figures(mixed, [1500]))[
