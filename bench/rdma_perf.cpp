@@ -48,10 +48,9 @@ test::PeerConfig remote_config(const Options& o) {
     return c;
 }
 
-// --local's two cores from --cpu "SERVER,CLIENT" (default 0,1): false (and a message) when malformed.
+// --local's two cores from --cpu "SERVER,CLIENT", left as they are without it (test::memif_pair's): false
+// (and a message) when malformed.
 bool local_cores(const Options& o, std::string& server, std::string& client) {
-    server = "0";
-    client = "1";
     if (o.cpu.empty()) return true;
     const auto comma = o.cpu.find(',');
     if (comma == std::string::npos) {
@@ -77,7 +76,9 @@ std::optional<double> cores_round_trip(const std::string& sa, const std::string&
 
 // --core-rtt: the probe alone, so a caller can tell the host's spell before and after anything it measures.
 int run_core_rtt(const Options& o) {
-    std::string a, b;
+    auto [server, client] = test::memif_pair(o.mtu);  // the cores --local would use
+    std::string& a = server.eal.lcores;
+    std::string& b = client.eal.lcores;
     if (!local_cores(o, a, b)) return 2;
     const std::optional<double> ns = cores_round_trip(a, b);
     if (!ns) {
@@ -101,7 +102,7 @@ int run_local(Options o, double tpu) {
     auto [server, client] = test::memif_pair(o.mtu);
     server.tcp_port = client.tcp_port = o.tcp_port;
     if (o.no_huge) server.eal.hugepages = client.eal.hugepages = Hugepages::off;
-    if (!o.cpu.empty() && !local_cores(o, server.eal.lcores, client.eal.lcores)) return 2;
+    if (!local_cores(o, server.eal.lcores, client.eal.lcores)) return 2;
     // The host's cross-core cost, for the banner, between the cores the two ends run on.
     o.core_rtt_ns = cores_round_trip(server.eal.lcores, client.eal.lcores);
     // A child ends with its parent (killed by a caller's timeout): no orphan keeps polling a core.
