@@ -144,7 +144,7 @@ def rtt_round(a, raw, mtu, tag, kernel_first):
 
 def softrdma_round(a, raw, mtu, tag):
     """rdma_perf's streams at one MTU: {'bw': {'write': {bytes: GB/s}, ...}, 'bw_spell': {'write': {bytes:
-    'fast'|'slow'|None}, ...}, 'crc64k', 'rx_thread64k', 'msg_rate_mpps' (MTU 1500), 'core_rtt_ns': [..]}."""
+    a spell of SPELLS or None}, ...}, 'crc64k', 'rx_thread64k', 'msg_rate_mpps' (MTU 1500)}."""
     exe = C.find_rdma_perf(a)
     plan = []
     for op in OPS:
@@ -154,7 +154,7 @@ def softrdma_round(a, raw, mtu, tag):
     plan.append(("write-rx-thread", ["--test", "write", "--bw", "-s", "65536", "--threading", "rx-thread"]))
     if mtu == 1500:
         plan.append(("msg-rate", ["--test", "send", "--bw", "-s", "64", "-n", "1000000"]))
-    out = {"bw": {op: {} for op in OPS}, "core_rtt_ns": [], "errors": []}
+    out = {"bw": {op: {} for op in OPS}, "errors": []}
     if mtu == 1500:  # the copies alone, for the same round: what the caches allow 8 MiB against 64 KiB
         exe_c = os.path.join(a.build, "bench/copy_ceiling")
         path = os.path.join(raw, f"copy-ceiling-{tag}.json")
@@ -176,15 +176,13 @@ def softrdma_round(a, raw, mtu, tag):
         try:
             C.run([exe] + args + ["--mtu", str(mtu), "--json", path, "--timeout", "10", "--deadline", "120"],
                   135, os.path.join(raw, f"softrdma-{name}-{tag}.log"))
-            _, kind, by_size, rtt = C.parse_rdma_perf(path)
+            _, kind, by_size, _ = C.parse_rdma_perf(path)
         except C.MeasureError as e:
             out["errors"].append(f"{name}: {e}")
             before = probe(exe, raw, f"bw-{tag}-{i + 1}")
             continue
         after = probe(exe, raw, f"bw-{tag}-{i + 1}")
         run_spell, before = spell(before, after), after
-        if rtt is not None:
-            out["core_rtt_ns"].append(rtt)
         if name == "msg-rate":
             out["msg_rate_mpps"] = by_size[64]["msg_rate_mpps"]
         else:

@@ -132,7 +132,7 @@ def fake_round(write64k, write8m, kernel_bw, rtt_128k, kspin_128k, small, sp=("f
     return {1500: {"kernel": {"bw64k_gb_s": kernel_bw},
                    "softrdma": {"bw": bw, "bw_spell": {op: {sz: sp[1] for sz in bw[op]} for op in targets.OPS},
                                 "crc64k": kernel_bw * 0.9, "rx_thread64k": 2.0,
-                                "msg_rate_mpps": 6.0, "core_rtt_ns": [150]},
+                                "msg_rate_mpps": 6.0},
                    "rtt": {"sizes": sizes, "errors": []}}}
 
 
