@@ -61,14 +61,17 @@ struct Layout {
     }
 };
 
-// Control message: phase barrier and verdict.
+// Control message: phase barrier and verdict, and with --layers the server's cycles by layer in the phase
+// before (its main thread's five layers; 0 cycles_per_ns: none). One 64-byte control slot, sent inline.
 struct Ctrl {
     std::uint32_t magic{0};
     std::uint32_t phase{0};
     std::uint32_t status{0};  // 0: the content this end received in the previous phase was right
     std::uint32_t pad{0};
-    std::uint64_t value{0};
+    double cycles_per_ns{0};
+    std::uint64_t io{0}, lwip{0}, mpa{0}, ddp_rdmap{0}, verbs{0};
 };
+static_assert(sizeof(Ctrl) == 64);  // Layout's control slots; QpCap::max_inline_data
 constexpr std::uint32_t kCtrlMagic = 0x4354524c;  // "CTRL"
 
 // wr_id = tag | message index.
@@ -185,6 +188,7 @@ public:
             if (k < nph) setup(k);
             send_ctrl(k, status);
             const Ctrl c = wait_ctrl(k);
+            if (o_.layers && k > 0 && c.cycles_per_ns > 0) print_server_layers(c, phases_[k - 1]);
             if (c.status != 0 && peer_status == 0)
                 std::fprintf(stderr, "rdma_perf client: the server found wrong content (phase %u); see its output\n", k - 1);
             peer_status |= c.status;
@@ -354,7 +358,12 @@ private:
         if (const auto r = qp_->post_recv({&wr, 1}); !r.ok()) fail(std::string("post_recv (control): ") + verbs::to_string(r.err));
     }
     void send_ctrl(std::uint32_t k, std::uint32_t status) {
-        const Ctrl c{kCtrlMagic, k, status, 0, 0};
+        Ctrl c{.magic = kCtrlMagic, .phase = k, .status = status};
+        if (server_ && o_.layers && k > 0) {
+            const verbs::LayerCycles l = verbs::diagnostics::layer_cycles(*ctx_).since(server_l0_);
+            c.cycles_per_ns = l.cycles_per_ns;
+            c.io = l.io, c.lwip = l.lwip, c.mpa = l.mpa, c.ddp_rdmap = l.ddp_rdmap, c.verbs = l.verbs;
+        }
         std::memcpy(at(layout_->ctrl_tx), &c, sizeof c);
         const verbs::Sge sge = mr_->sge(layout_->ctrl_tx, sizeof c);
         const verbs::SendWr wr{.wr_id = kCtrlTag | k, .opcode = verbs::WrOpcode::send,
@@ -514,17 +523,33 @@ private:
             std::printf("# client TX copies per payload byte: %.3f (%llu payload bytes framed)\n",
                         tx.copies_per_payload_byte(), static_cast<unsigned long long>(tx.payload_bytes));
             const std::uint64_t msgs = std::uint64_t{ph_.iters} + ph_.warmup;
-            std::string t = verbs::diagnostics::layer_cycles(*ctx_).since(l0).table(msgs);
             std::printf("# client cycles per %s by layer:\n", p_.kind == Kind::lat ? "iteration" : "message");
-            for (std::size_t at = 0; at < t.size();) {
-                const std::size_t nl = t.find('\n', at);
-                std::printf("#   %s\n", t.substr(at, nl - at).c_str());
-                at = nl == std::string::npos ? t.size() : nl + 1;
-            }
-            std::fflush(stdout);  // the forked client ends with _exit
+            print_table(verbs::diagnostics::layer_cycles(*ctx_).since(l0).table(msgs));
         }
     }
-    void run_server_phase(std::uint32_t) {
+    void run_server_phase(std::uint32_t k) {
+        // Counted up to the next control message (send_ctrl): a WRITE or READ phase's data is handled while
+        // the server waits for it, after serve_phase() has returned.
+        if (o_.layers) server_l0_ = verbs::diagnostics::layer_cycles(*ctx_);
+        serve_phase(k);
+    }
+    // The server's table, which it sent in the control message after the phase: below the client's.
+    void print_server_layers(const Ctrl& c, const Phase& ph) const {
+        verbs::LayerCycles l;
+        l.cycles_per_ns = c.cycles_per_ns;
+        l.io = c.io, l.lwip = c.lwip, l.mpa = c.mpa, l.ddp_rdmap = c.ddp_rdmap, l.verbs = c.verbs;
+        std::printf("# server cycles per %s by layer:\n", p_.kind == Kind::lat ? "iteration" : "message");
+        print_table(l.table(ph.total()));
+    }
+    static void print_table(const std::string& t) {
+        for (std::size_t at = 0; at < t.size();) {
+            const std::size_t nl = t.find('\n', at);
+            std::printf("#   %s\n", t.substr(at, nl - at).c_str());
+            at = nl == std::string::npos ? t.size() : nl + 1;
+        }
+        std::fflush(stdout);  // the forked client ends with _exit
+    }
+    void serve_phase(std::uint32_t) {
         if (p_.kind == Kind::lat && p_.test == Test::send) send_lat_server();
         else if (p_.kind == Kind::lat && p_.test == Test::write) write_lat_server();
         else if (p_.kind == Kind::bw && p_.test == Test::send) send_bw_server();
@@ -817,6 +842,7 @@ private:
     // Connection-wide counters.
     std::uint32_t ctrl_posted_{0}, ctrl_got_{0};
     Ctrl last_ctrl_{};
+    verbs::LayerCycles server_l0_{};  // server, --layers: the counters when the last phase began
     std::uint64_t recv_total_{0};   // data receives posted (the credit the sender gets)
     std::uint64_t credit_sent_{0};
     std::uint64_t sent_total_{0};   // data SENDs posted (client, send bw)

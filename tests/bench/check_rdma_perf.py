@@ -105,23 +105,51 @@ def case(exe, tmp, test, kind, args, sizes, iters):
             check(r["warmup_in_flight"] == 0, f"{name}: warmup messages still in flight at the start: {r}")
 
 
+def layer_tables(out):
+    """The '# <who> cycles per ... by layer:' tables in the output, in order: [(who, {row: cycles/msg})]."""
+    tables = []
+    for line in out.splitlines():
+        m = re.match(r"# (client|server) cycles per (message|iteration) by layer:$", line)
+        if m:
+            tables.append((m.group(1), {}))
+            continue
+        m = re.match(r"#\s+(io|lwip|mpa\+crc|ddp/rdmap|verbs|total|rx io|rx place|rx forward|rx total)\s+(\d+)\s", line)
+        if m and tables:
+            tables[-1][1][m.group(1)] = int(m.group(2))
+    return tables
+
+
 def layers(exe):
     """--layers in RX-thread mode: the client's table by layer, then its RX thread's rows (driver, forwarding:
-    a WRITE stream's client receives only ACKs, so nothing to place), each with cycles per message."""
+    a WRITE stream's client receives only ACKs, so nothing to place), each with cycles per message; then the
+    server's table, which the server sends in the control message after the phase (its main thread's layers).
+    Run to completion, a SEND ping-pong: both tables, the server placing what it receives."""
     args = ["--test", "write", "--bw", "-s", "65536", "-n", "200", "--threading", "rx-thread", "--layers",
             "--timeout", "10", "--deadline", "50"]
     rc, out, err = run(exe, args, timeout=60)  # four busy threads on two cores, under TSan too
     check(rc == 0, f"--layers rx-thread: exit {rc}: {err.strip()[-300:]}")
-    check("# client cycles per message by layer:" in out, "--layers rx-thread: no layer table")
-    rows = {}
-    for line in out.splitlines():
-        m = re.match(r"#\s+(io|lwip|mpa\+crc|ddp/rdmap|verbs|total|rx io|rx place|rx forward|rx total)\s+(\d+)\s", line)
-        if m:
-            rows[m.group(1)] = int(m.group(2))
+    tables = layer_tables(out)
+    check([w for w, _ in tables] == ["client", "server"], f"--layers rx-thread: tables {[w for w, _ in tables]}")
+    rows = tables[0][1] if tables else {}
     for k in ("io", "lwip", "total", "rx io", "rx forward", "rx total"):
         check(rows.get(k, 0) > 0, f"--layers rx-thread: row '{k}' missing or zero: {rows}")
     check(rows.get("rx total", 0) >= rows.get("rx io", 0) + rows.get("rx forward", 0) - 2,
           f"--layers rx-thread: rx rows do not add up: {rows}")
+    srv = tables[1][1] if len(tables) > 1 else {}
+    for k in ("io", "lwip", "total"):
+        check(srv.get(k, 0) > 0, f"--layers rx-thread: server row '{k}' missing or zero: {srv}")
+    check("rx io" not in srv, f"--layers rx-thread: the server's RX thread rows are not carried: {srv}")
+
+    args = ["--test", "send", "--lat", "-s", "16384", "-n", "300", "--layers", "--timeout", "10", "--deadline", "50"]
+    rc, out, err = run(exe, args, timeout=60)
+    check(rc == 0, f"--layers send lat: exit {rc}: {err.strip()[-300:]}")
+    tables = layer_tables(out)
+    check([w for w, _ in tables] == ["client", "server"], f"--layers send lat: tables {[w for w, _ in tables]}")
+    for who, t in tables:
+        for k in ("io", "lwip", "ddp/rdmap", "total"):
+            check(t.get(k, 0) > 0, f"--layers send lat: {who} row '{k}' missing or zero: {t}")
+        check(abs(sum(t.get(k, 0) for k in ("io", "lwip", "mpa+crc", "ddp/rdmap", "verbs")) - t.get("total", 0)) <= 3,
+              f"--layers send lat: {who} rows do not add up: {t}")
 
 
 def main():
