@@ -8,6 +8,9 @@
 // answers the same way. The shared buffer starts --offset bytes into a page, so the first pieces sit
 // (offset + 24 k) bytes above their source modulo 4 KiB. Printed per run, --rounds runs of each mode
 // (memcpy, copy_out) alternating: the median time of the writer's copy and the median half round trip.
+// --publish N: the writer hands the message over every N bytes as it goes and the reader copies each part as
+// it comes, as a stack pipelines a message segment by segment: the floor a two-copy ping-pong has on this
+// host (0, the default: the whole message at once).
 #include <sched.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
@@ -27,7 +30,7 @@
 namespace {
 
 struct Args {
-    std::size_t size = 32768, piece = 8936, offset = 20;
+    std::size_t size = 32768, piece = 8936, offset = 20, publish = 0;
     int iters = 3000;
     int rounds = 3;
 };
@@ -39,21 +42,49 @@ void pin(int core) {
     sched_setaffinity(0, sizeof s, &s);
 }
 
-void pieces(bool bounce, std::byte* dst, const std::byte* src, const Args& a) {
+// Copies one message into the shared buffer in pieces and hands it over: `handed` (the bytes written into this
+// buffer over the whole run) moves from `base` to base + `total` at the end, and every --publish bytes on the
+// way when set.
+void pieces(bool bounce, std::byte* dst, const std::byte* src, const Args& a, std::atomic<long>& handed, long base,
+            std::size_t total) {
+    std::size_t out = 0, told = 0;
     for (std::size_t done = 0; done < a.size;) {
         const std::size_t k = std::min(a.piece, a.size - done);
         if (bounce)
-            softrdma::base::copy_out(dst, src + done, k);
+            softrdma::base::copy_out(dst + out, src + done, k);
         else
-            std::memcpy(dst, src + done, k);
-        dst += k + 24;
+            std::memcpy(dst + out, src + done, k);
+        out += k + 24;
         done += k;
+        if (a.publish != 0 && out - told >= a.publish && done < a.size) {
+            told = out;
+            handed.store(base + static_cast<long>(out), std::memory_order_release);
+        }
     }
+    handed.store(base + static_cast<long>(total), std::memory_order_release);
+}
+
+// Copies one message of `total` bytes out of the shared buffer as its writer hands it over. False when the peer
+// is gone (`gone()`, asked now and then while waiting).
+template <class Gone>
+bool drain(std::byte* dst, const std::byte* src, const std::atomic<long>& handed, long base, std::size_t total,
+           Gone&& gone) {
+    std::size_t got = 0;
+    while (got < total) {
+        long at;
+        for (std::uint32_t spins = 1; (at = handed.load(std::memory_order_acquire)) <= base + static_cast<long>(got);
+             ++spins)
+            if ((spins & 0xFFFFF) == 0 && gone()) return false;
+        const std::size_t upto = std::min(total, static_cast<std::size_t>(at - base));
+        std::memcpy(dst + got, src + got, upto - got);
+        got = upto;
+    }
+    return true;
 }
 
 struct Shared {
-    std::atomic<long> ping alignas(64){0};
-    std::atomic<long> pong alignas(64){0};
+    std::atomic<long> ping alignas(64){0};  // bytes core 0 has handed over in ab (the run's running total)
+    std::atomic<long> pong alignas(64){0};  // bytes core 1 has handed over in ba
 };
 
 // One mode: returns {writer's copy median us, half round trip median us}; {-1, -1} on failure.
@@ -79,14 +110,14 @@ std::pair<double, double> run(bool bounce, const Args& a) {
         munmap(m, len);
         return {-1, -1};
     }
+    const std::size_t total = span - a.offset;  // what each message occupies in its shared buffer
+    const auto base_of = [total](long i) { return (i - 1) * static_cast<long>(total); };
     if (child == 0) {
         pin(1);
         for (long i = 1; i <= a.iters; ++i) {
-            for (std::uint32_t spins = 1; sh->ping.load(std::memory_order_acquire) != i; ++spins)
-                if ((spins & 0xFFFFF) == 0 && getppid() == 1) _exit(1);  // the parent is gone
-            std::memcpy(dst.data(), ab, span - a.offset);
-            pieces(bounce, ba, s, a);
-            sh->pong.store(i, std::memory_order_release);
+            if (!drain(dst.data(), ab, sh->ping, base_of(i), total, [] { return getppid() == 1; }))
+                _exit(1);  // the parent is gone
+            pieces(bounce, ba, s, a, sh->pong, base_of(i), total);
         }
         _exit(0);
     }
@@ -96,16 +127,13 @@ std::pair<double, double> run(bool bounce, const Args& a) {
     std::vector<double> wr, rtt;
     for (long i = 1; i <= a.iters; ++i) {
         const auto t0 = clock::now();
-        pieces(bounce, ab, s, a);
+        pieces(bounce, ab, s, a, sh->ping, base_of(i), total);
         const auto t1 = clock::now();
-        sh->ping.store(i, std::memory_order_release);
-        for (std::uint32_t spins = 1; sh->pong.load(std::memory_order_acquire) != i; ++spins) {
-            if ((spins & 0xFFFFF) == 0 && waitpid(child, nullptr, WNOHANG) == child) {  // the child died
-                munmap(m, len);
-                return {-1, -1};
-            }
+        if (!drain(dst.data(), ba, sh->pong, base_of(i), total,
+                   [child] { return waitpid(child, nullptr, WNOHANG) == child; })) {  // the child died
+            munmap(m, len);
+            return {-1, -1};
         }
-        std::memcpy(dst.data(), ba, span - a.offset);
         const auto t2 = clock::now();
         wr.push_back(us(t1 - t0));
         rtt.push_back(us(t2 - t0) / 2);
@@ -129,10 +157,12 @@ int main(int argc, char** argv) {
         if (k == "--size") a.size = v;
         else if (k == "--piece") a.piece = v;
         else if (k == "--offset") a.offset = v;
+        else if (k == "--publish") a.publish = v;
         else if (k == "--iters") a.iters = static_cast<int>(v);
         else if (k == "--rounds") a.rounds = static_cast<int>(v);
         else {
-            std::fprintf(stderr, "usage: %s [--size N] [--piece N] [--offset N] [--iters N] [--rounds N]\n", argv[0]);
+            std::fprintf(stderr, "usage: %s [--size N] [--piece N] [--offset N] [--publish N] [--iters N] [--rounds N]\n",
+                         argv[0]);
             return 2;
         }
     }
@@ -140,8 +170,9 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "copy_alias: size, piece, iters and rounds must be positive, offset below 4096\n");
         return 2;
     }
-    std::printf("# %zu bytes in %zu-byte pieces, shared buffer at page offset %zu, %d round trips\n", a.size,
-                a.piece, a.offset, a.iters);
+    std::printf("# %zu bytes in %zu-byte pieces, shared buffer at page offset %zu, %d round trips, handed over %s\n",
+                a.size, a.piece, a.offset, a.iters,
+                a.publish != 0 ? ("every " + std::to_string(a.publish) + " bytes").c_str() : "whole");
     std::printf("%-9s %14s %16s\n", "mode", "copy_us_p50", "half_rtt_us_p50");
     // Rounds alternate the two modes (the host's spells change within seconds); each line is one run.
     for (int r = 0; r < a.rounds; ++r) {
