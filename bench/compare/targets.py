@@ -8,7 +8,9 @@ unless said: WRITE, READ and SEND streams of 64 KiB and 1, 2, 4, 8 MiB; 64 KiB W
 RX-thread mode; at MTU 1500 the 64 B SEND message rate, and bench/copy_ceiling: the copies alone, 8 MiB
 against 64 KiB), then the half round trips size by size: kernel TCP busy-polling and softrdma's SEND ping-pong
 back to back (kernel TCP 4 times, softrdma twice, the lowest median kept: kernel TCP's connections are bimodal
-at 256 KiB), between two probes of the host's spell. Every ratio is taken within a round, and the table
+at 256 KiB), between two probes of the host's spell; at MTU 1500 also the floor of a two-copy ping-pong (bench/
+copy_alias --publish: two processes doing only the copies, handed over per 64 KiB) and its ratio to kernel TCP:
+the best a design copying each byte twice could reach in that spell. Every ratio is taken within a round, and the table
 gives the median over the rounds with its range, and whether the median meets the target.
 
 Spells: this host (two vCPUs of an EPYC) has fast spells, when its two cores share a cache (a cache line round
@@ -57,6 +59,9 @@ SMALL_RTT_US = 1.0                      # 64 B SEND half round trip at MTU 1500,
 # 350 ns: one core complex (fast); else slow (see above).
 SPELL_BANDS_NS = (("shared", 100), ("fast", 350), ("slow", float("inf")))
 SPELLS = tuple(name for name, _ in SPELL_BANDS_NS)
+# The two-copy floor (rtt_round, MTU 1500): bench/copy_alias's pipelined ping-pong, FPDU-sized pieces (rep movsb
+# copies: smaller pieces into lines the peer holds are far slower in a slow spell), handed over per 64 KiB.
+FLOOR_ARGS = ["--piece", "8936", "--offset", "64", "--publish", "65536", "--iters", "2000", "--rounds", "1"]
 # Runs per half round trip size, the lowest median kept (see rtt_round): kernel TCP's connections are bimodal at
 # 256 KiB (one in two or so at ~4x its best), softrdma's runs within a few % of each other. In the kernel's favour.
 RTT_RUNS = {"kernel": 4, "softrdma": 2}
@@ -99,8 +104,8 @@ def probe(exe, raw, name):
 def rtt_round(a, raw, mtu, tag, kernel_first):
     """Half round trips at one MTU, size by size, kernel TCP busy-polling and softrdma's SEND ping-pong back to
     back, each system RTT_RUNS[system] times between two spell probes: {'sizes': {bytes: {'kernel_us' (the lowest),
-    'kernel_runs_us', 'kernel_spell', 'softrdma_us', 'softrdma_runs_us', 'softrdma_spell', 'probes_ns'}},
-    'errors': [..]} (64 B: softrdma only, for its absolute target)."""
+    'kernel_runs_us', 'kernel_spell', 'softrdma_us', 'softrdma_runs_us', 'softrdma_spell', 'probes_ns', at MTU
+    1500 'floor_us', 'floor_spell'}}, 'errors': [..]} (64 B: softrdma only, for its absolute target)."""
     exe = C.find_rdma_perf(a)
     out = {"sizes": {}, "errors": []}
     with C.kernel_tcp(a.build, mtu, os.path.join(raw, f"kernel-server-rtt-{tag}.log"), 400) as client:
@@ -117,17 +122,24 @@ def rtt_round(a, raw, mtu, tag, kernel_first):
                    "--timeout", "10", "--deadline", "60"], 75, os.path.join(raw, f"softrdma-lat-{size}-{tag}-{k}.log"))
             return C.parse_rdma_perf(path)[2][size]["t_typical_us"]
 
+        def floor(size, k):
+            log = os.path.join(raw, f"floor-{size}-{tag}-{k}.log")
+            C.run([os.path.join(a.build, "bench/copy_alias"), "--size", str(size)] + FLOOR_ARGS, 60, log)
+            return copy_alias_half_rtt(log)
+
         for size in (64,) + RTT_SIZES:
             # (the order alternates between rounds, so neither system always runs first after a change)
             parts = [("softrdma", softrdma)] if size == 64 else \
                 [("kernel", kernel), ("softrdma", softrdma)][::1 if kernel_first else -1]
+            if mtu == 1500 and size != 64:
+                parts.append(("floor", floor))
             entry = {"probes_ns": [probe(exe, raw, f"{size}-{tag}-0")]}
             for i, (part, fn) in enumerate(parts):
                 # Each system RTT_RUNS times (a fresh connection each), the lowest median kept: kernel TCP's
                 # connections are bimodal at some sizes (256 KiB busy-polling: ~37 or ~130 us per connection, at
                 # random), and the target is to beat it at its best.
                 got = []
-                for k in range(RTT_RUNS[part]):
+                for k in range(RTT_RUNS.get(part, 1)):
                     try:
                         got.append(fn(size, k))
                     except (C.MeasureError, OSError, ValueError, KeyError, subprocess.SubprocessError) as e:
@@ -140,6 +152,15 @@ def rtt_round(a, raw, mtu, tag, kernel_first):
                 entry[f"{part}_spell"] = spell(entry["probes_ns"][i], entry["probes_ns"][i + 1]) if ok else None
             out["sizes"][size] = entry
     return out
+
+
+def copy_alias_half_rtt(log):
+    """The lowest half round trip (us) of the runs bench/copy_alias printed into `log`."""
+    with open(log) as f:
+        got = [float(w[2]) for w in (line.split() for line in f) if len(w) == 3 and w[0] in ("memcpy", "copy_out")]
+    if not got:
+        raise C.MeasureError(f"no copy_alias figures in {log}")
+    return min(got)
 
 
 def softrdma_round(a, raw, mtu, tag):
@@ -291,6 +312,16 @@ def figures(rounds, mtus):
         out.append((f"MTU {m}: core cache line round trip, ns (every probe of the round trip runs)",
                     summary([x for r in rounds for e in r.get(m, {}).get("rtt", {}).get("sizes", {}).values()
                              for x in e["probes_ns"] if x is not None])))
+        for size in RTT_SIZES if m == 1500 else ():
+            for sp in SPELLS:
+                def floor_ratio(r, m=m, size=size, sp=sp):
+                    e = r[m]["rtt"]["sizes"][size]
+                    return e["floor_us"] / e["kernel_us"] if e["floor_spell"] == sp == e["kernel_spell"] else None
+                vals = per_round(rounds, floor_ratio)
+                label = f"{size // KiB} KiB" if size < MiB else f"{size // MiB} MiB"
+                if vals:
+                    out.append((f"MTU {m}: two-copy floor / kernel TCP, {label} half round trip, {sp} "
+                                "spell (bench/copy_alias --publish)", summary(vals)))
         out.append((f"MTU {m}: half round trip sizes left unpaired (spells differed or changed), per round",
                     summary(per_round(rounds, lambda r: sum(
                         1 for size, e in r[m]["rtt"]["sizes"].items() if size in RTT_SIZES and

@@ -14,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 src, build = sys.argv[1], sys.argv[2]
@@ -193,6 +194,25 @@ unpaired = dict(targets.figures(mixed, [1500]))[
     "MTU 1500: half round trip sizes left unpaired (spells differed or changed), per round"]
 check(unpaired["median"] == (0 + len(targets.RTT_SIZES)) / 2 and unpaired["max"] == len(targets.RTT_SIZES),
       "targets: the sizes left unpaired are counted per round")
+
+# The two-copy floor: a figure per size and spell, kept only when the floor's run and the kernel's were in one
+# spell; rounds without it (the hand-made ones above) give no figure.
+floored = [fake_round(10.0, 8.0, 4.0, 5.0, 10.0, 0.9, ("slow", "slow")) for _ in range(3)]
+for r, (fus, fsp) in zip(floored, ((2.0, "slow"), (3.0, "slow"), (1.0, "fast"))):
+    r[1500]["rtt"]["sizes"][32 * 1024].update(floor_us=fus, floor_spell=fsp)
+figs = dict(targets.figures(floored, [1500]))
+FL = "MTU 1500: two-copy floor / kernel TCP, {} half round trip, {} spell (bench/copy_alias --publish)"
+fl = figs.get(FL.format("32 KiB", "slow"))
+check(fl is not None and fl["n"] == 2 and abs(fl["median"] - 0.625) < 1e-9,
+      f"targets: floor / kernel per round in its spell (2/4, 3/4 slow; the fast floor against a slow kernel out): {fl}")
+check(FL.format("32 KiB", "fast") not in figs and FL.format("64 KiB", "slow") not in figs
+      and not any("floor" in k for k in dict(targets.figures(mixed, [1500]))),
+      "targets: no floor figure across spells, for a size without one, or for rounds without it")
+with tempfile.NamedTemporaryFile("w", suffix=".log", delete=False) as f:
+    f.write("$ copy_alias --size 32768\n# 32768 bytes in 8936-byte pieces\nmode copy_us_p50 half_rtt_us_p50\n"
+            "memcpy 1.30 2.40\ncopy_out 1.25 2.25\n")
+check(targets.copy_alias_half_rtt(f.name) == 2.25, "targets: copy_alias's lowest half round trip read from its log")
+os.unlink(f.name)
 
 # ---- 2. the real thing, quick --------------------------------------------------------------------------
 if os.geteuid() != 0:
