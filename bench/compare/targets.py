@@ -8,10 +8,10 @@ unless said: WRITE, READ and SEND streams of 64 KiB and 1, 2, 4, 8 MiB; 64 KiB W
 RX-thread mode; at MTU 1500 the 64 B SEND message rate, and bench/copy_ceiling: the copies alone, 8 MiB
 against 64 KiB), then the half round trips size by size: kernel TCP busy-polling and softrdma's SEND ping-pong
 back to back (kernel TCP 4 times, softrdma twice, the lowest median kept: kernel TCP's connections are bimodal
-at 256 KiB), between two probes of the host's spell; at MTU 1500 also the floor of a two-copy ping-pong (bench/
-copy_alias --publish: two processes doing only the copies, handed over per 64 KiB) and its ratio to kernel TCP:
-the best a design copying each byte twice could reach in that spell. Every ratio is taken within a round, and the table
-gives the median over the rounds with its range, and whether the median meets the target.
+at 256 KiB), between two probes of the host's spell; at MTU 1500 also the floor of a two-copy ping-pong
+(bench/copy_alias --publish: two processes doing only the copies, handed over per 64 KiB) and its ratio to
+kernel TCP: the best a design copying each byte twice could reach in that spell. Every ratio is taken within a
+round, and the table gives the median over the rounds with its range, and whether the median meets the target.
 
 Spells: this host (two vCPUs of an EPYC) has fast spells, when its two cores share a cache (a cache line round
 trip between them ~140 ns), slow ones (~600 ns: another core complex), now and then a shared one (~65 ns: the
@@ -64,7 +64,8 @@ SPELLS = tuple(name for name, _ in SPELL_BANDS_NS)
 FLOOR_ARGS = ["--piece", "8936", "--offset", "64", "--publish", "65536", "--iters", "2000", "--rounds", "1"]
 # Runs per half round trip size, the lowest median kept (see rtt_round): kernel TCP's connections are bimodal at
 # 256 KiB (one in two or so at ~4x its best), softrdma's runs within a few % of each other. In the kernel's favour.
-RTT_RUNS = {"kernel": 4, "softrdma": 2}
+# The floor (MTU 1500) once: copy_alias's runs agree closely.
+RTT_RUNS = {"kernel": 4, "softrdma": 2, "floor": 1}
 
 
 def kernel_round(a, raw, mtu, tag):
@@ -79,6 +80,10 @@ def kernel_round(a, raw, mtu, tag):
     if bw is None:
         raise C.MeasureError(f"no 64 KiB stream figure in {bw_path}")
     return {"bw64k_gb_s": bw}
+
+
+def size_label(size):
+    return f"{size // KiB} KiB" if size < MiB else f"{size // MiB} MiB"
 
 
 def spell(before_ns, after_ns):
@@ -139,7 +144,7 @@ def rtt_round(a, raw, mtu, tag, kernel_first):
                 # connections are bimodal at some sizes (256 KiB busy-polling: ~37 or ~130 us per connection, at
                 # random), and the target is to beat it at its best.
                 got = []
-                for k in range(RTT_RUNS.get(part, 1)):
+                for k in range(RTT_RUNS[part]):
                     try:
                         got.append(fn(size, k))
                     except (C.MeasureError, OSError, ValueError, KeyError, subprocess.SubprocessError) as e:
@@ -285,8 +290,7 @@ def verdicts(rounds, mtus):
 
     for m in mtus:
         for size in RTT_SIZES:
-            label = f"{size // KiB} KiB" if size < MiB else f"{size // MiB} MiB"
-            spell_rows("half round trip at most half of kernel TCP busy-polling", f"MTU {m}: {label}",
+            spell_rows("half round trip at most half of kernel TCP busy-polling", f"MTU {m}: {size_label(size)}",
                        lambda r, sp: paired(r, m, size, sp), RTT_VS_KERNEL, "max")
     if 1500 in mtus:
         spell_rows("64 B SEND half round trip at most 1.0 us", "MTU 1500: us",
@@ -318,9 +322,8 @@ def figures(rounds, mtus):
                     e = r[m]["rtt"]["sizes"][size]
                     return e["floor_us"] / e["kernel_us"] if e["floor_spell"] == sp == e["kernel_spell"] else None
                 vals = per_round(rounds, floor_ratio)
-                label = f"{size // KiB} KiB" if size < MiB else f"{size // MiB} MiB"
                 if vals:
-                    out.append((f"MTU {m}: two-copy floor / kernel TCP, {label} half round trip, {sp} "
+                    out.append((f"MTU {m}: two-copy floor / kernel TCP, {size_label(size)} half round trip, {sp} "
                                 "spell (bench/copy_alias --publish)", summary(vals)))
         out.append((f"MTU {m}: half round trip sizes left unpaired (spells differed or changed), per round",
                     summary(per_round(rounds, lambda r: sum(
