@@ -11,6 +11,8 @@
 // --publish N: the writer hands the message over every N bytes as it goes and the reader copies each part as
 // it comes, as a stack pipelines a message segment by segment: the floor a two-copy ping-pong has on this
 // host (0, the default: the whole message at once).
+// --rotate N: message i goes into the (i mod N)-th of N shared buffers per direction, as a memif ring's buffers
+// are used in turn (1, the default: the same buffer every time).
 #include <sched.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
@@ -30,7 +32,7 @@
 namespace {
 
 struct Args {
-    std::size_t size = 32768, piece = 8936, offset = 20, publish = 0;
+    std::size_t size = 32768, piece = 8936, offset = 20, publish = 0, rotate = 1;
     int iters = 3000;
     int rounds = 3;
 };
@@ -90,7 +92,8 @@ struct Shared {
 // One mode: returns {writer's copy median us, half round trip median us}; {-1, -1} on failure.
 std::pair<double, double> run(bool bounce, const Args& a) {
     const std::size_t span = a.size + (a.size / a.piece + 1) * 24 + a.offset;
-    const std::size_t len = 4096 + 2 * ((span + 4095) / 4096 * 4096 + 4096);
+    const std::size_t stride = (span + 4095) / 4096 * 4096;  // one message's shared buffer, page-rounded
+    const std::size_t len = 4096 + 2 * (a.rotate * stride + 4096);
     const int fd = memfd_create("copy_alias", 0);
     if (fd < 0 || ftruncate(fd, static_cast<off_t>(len)) != 0) return {-1, -1};
     void* m = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -115,9 +118,10 @@ std::pair<double, double> run(bool bounce, const Args& a) {
     if (child == 0) {
         pin(1);
         for (long i = 1; i <= a.iters; ++i) {
-            if (!drain(dst.data(), ab, sh->ping, base_of(i), total, [] { return getppid() == 1; }))
+            const std::size_t at = static_cast<std::size_t>(i - 1) % a.rotate * stride;
+            if (!drain(dst.data(), ab + at, sh->ping, base_of(i), total, [] { return getppid() == 1; }))
                 _exit(1);  // the parent is gone
-            pieces(bounce, ba, s, a, sh->pong, base_of(i), total);
+            pieces(bounce, ba + at, s, a, sh->pong, base_of(i), total);
         }
         _exit(0);
     }
@@ -126,10 +130,11 @@ std::pair<double, double> run(bool bounce, const Args& a) {
     const auto us = [](clock::duration d) { return std::chrono::duration<double, std::micro>(d).count(); };
     std::vector<double> wr, rtt;
     for (long i = 1; i <= a.iters; ++i) {
+        const std::size_t at = static_cast<std::size_t>(i - 1) % a.rotate * stride;
         const auto t0 = clock::now();
-        pieces(bounce, ab, s, a, sh->ping, base_of(i), total);
+        pieces(bounce, ab + at, s, a, sh->ping, base_of(i), total);
         const auto t1 = clock::now();
-        if (!drain(dst.data(), ba, sh->pong, base_of(i), total,
+        if (!drain(dst.data(), ba + at, sh->pong, base_of(i), total,
                    [child] { return waitpid(child, nullptr, WNOHANG) == child; })) {  // the child died
             munmap(m, len);
             return {-1, -1};
@@ -160,19 +165,25 @@ int main(int argc, char** argv) {
         else if (k == "--publish") a.publish = v;
         else if (k == "--iters") a.iters = static_cast<int>(v);
         else if (k == "--rounds") a.rounds = static_cast<int>(v);
+        else if (k == "--rotate") a.rotate = v;
         else {
-            std::fprintf(stderr, "usage: %s [--size N] [--piece N] [--offset N] [--publish N] [--iters N] [--rounds N]\n",
+            std::fprintf(stderr,
+                         "usage: %s [--size N] [--piece N] [--offset N] [--publish N] [--iters N] [--rounds N] "
+                         "[--rotate N]\n",
                          argv[0]);
             return 2;
         }
     }
-    if (a.size == 0 || a.piece == 0 || a.iters <= 0 || a.rounds <= 0 || a.offset >= 4096) {
-        std::fprintf(stderr, "copy_alias: size, piece, iters and rounds must be positive, offset below 4096\n");
+    if (a.size == 0 || a.piece == 0 || a.iters <= 0 || a.rounds <= 0 || a.offset >= 4096 ||
+        a.rotate == 0 || a.rotate > 1024) {
+        std::fprintf(stderr,
+                     "copy_alias: size, piece, iters and rounds must be positive, offset below 4096, rotate 1 to 1024\n");
         return 2;
     }
-    std::printf("# %zu bytes in %zu-byte pieces, shared buffer at page offset %zu, %d round trips, handed over %s\n",
+    std::printf("# %zu bytes in %zu-byte pieces, shared buffer at page offset %zu, %d round trips, handed over %s, "
+                "%zu shared buffer(s) a direction\n",
                 a.size, a.piece, a.offset, a.iters,
-                a.publish != 0 ? ("every " + std::to_string(a.publish) + " bytes").c_str() : "whole");
+                a.publish != 0 ? ("every " + std::to_string(a.publish) + " bytes").c_str() : "whole", a.rotate);
     std::printf("%-9s %14s %16s\n", "mode", "copy_us_p50", "half_rtt_us_p50");
     // Rounds alternate the two modes (the host's spells change within seconds); each line is one run.
     for (int r = 0; r < a.rounds; ++r) {
