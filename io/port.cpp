@@ -52,7 +52,20 @@ constexpr std::uint32_t kStackHeldFrames = 4096;
 // mbufs (33 MiB) or 1023. Beyond that (out-of-order small frames on many connections, each in a large mbuf)
 // memif keeps frames in its ring until mbufs come back (lwIP drops an out-of-order queue after
 // TCP_OOSEQ_TIMEOUT RTOs): slower, nothing lost.
-constexpr unsigned kLargeRxBurst = 32, kLargeRxHeld = 256, kLargeRxCache = 32;
+// The per-lcore cache of a memif zero-copy client's large RX pool holds a whole ring's refill above its size:
+// the driver posts fresh mbufs only when all 2^5 slots are empty, 32 at once, and DPDK's cache (rte_mempool.h)
+// hands out what it holds, last freed first, then fetches the rest from the pool's ring, oldest first, and
+// flushes itself whole into that ring when a put would take it past 1.5x its size. With a cache of 32 (flush at
+// 48) the 32 frames freed between two refills flushed it every time, so each refill came mostly from the ring:
+// the server wrote each frame into a buffer it had not touched for ~480 frames, all 511 mbufs (33 MiB, the
+// L3's size) in turn. With 64 (flush at 96) a refill and the 32 frees that follow it keep it between 64 and 96:
+// the same ~36 buffers (2.3 MiB) come round, as memif_log2_ring's sizing assumes (the pool: 511 mbufs with
+// two cached threads, 1023 with three). Seen from the memif server,
+// distinct buffers written per 20000 frames of a 256 KiB SEND ping-pong: 511 -> 37 (48: still 511). 256 KiB
+// SEND half round trip 25.5 / 25.3 / 26.4 -> 23.6 / 24.1 / 23.6 us, 128 KiB 15.0 / 15.2 / 15.3 -> 14.4 / 14.1 /
+// 14.3 us, 32 KiB unchanged (slow spell, three interleaved rounds, 2026-11-30). Other large RX pools take one
+// mbuf at a time (the memif server's own receive, the driver's copying receive): 32 serves them.
+constexpr unsigned kLargeRxBurst = 32, kLargeRxHeld = 256, kLargeRxCache = 32, kLargeRxCacheZeroCopy = 64;
 
 // Threads with a mempool cache of their own: the EAL's lcores and an RX thread (threading::RxThread registers
 // as an lcore), whether or not one runs.
@@ -595,12 +608,13 @@ void Port::start(const PortConfig& cfg) {
     rte_eth_dev_adjust_nb_rx_tx_desc(port_id_, &nrx, &ntx);
     const int socket = rte_eth_dev_socket_id(port_id_);
     if (large_frames_) {
-        const std::uint32_t need = kLargeRxBurst + kLargeRxHeld + kLargeRxCache * cached_threads() + driver_held_ +
+        const unsigned rx_cache = memif_zero_copy_ ? kLargeRxCacheZeroCopy : kLargeRxCache;
+        const std::uint32_t need = kLargeRxBurst + kLargeRxHeld + rx_cache * cached_threads() + driver_held_ +
                                    (faults.any() ? static_cast<std::uint32_t>(FaultInjector::kHeld) : 0);
         std::uint32_t rx_n = 1;
         while (rx_n < need + 1) rx_n <<= 1;
         rx_n -= 1;
-        rx_pool_ = rte_pktmbuf_pool_create((pool_name + "rx").c_str(), rx_n, kLargeRxCache, 0, UINT16_MAX,
+        rx_pool_ = rte_pktmbuf_pool_create((pool_name + "rx").c_str(), rx_n, rx_cache, 0, UINT16_MAX,
                                            rte_socket_id());
         if (rx_pool_ == nullptr)
             throw Error("cannot allocate " + std::to_string(rx_n) + " RX mbufs of 64 KiB for " + name_ + ": " +
