@@ -177,7 +177,8 @@ int main(int argc, char** argv) {
     if (a.size == 0 || a.piece == 0 || a.iters <= 0 || a.rounds <= 0 || a.offset >= 4096 ||
         a.rotate == 0 || a.rotate > 1024) {
         std::fprintf(stderr,
-                     "copy_alias: size, piece, iters and rounds must be positive, offset below 4096, rotate 1 to 1024\n");
+                     "copy_alias: size, piece, iters and rounds must be positive, offset below 4096, "
+                     "rotate 1 to 1024\n");
         return 2;
     }
     std::printf("# %zu bytes in %zu-byte pieces, shared buffer at page offset %zu, %d round trips, handed over %s, "

@@ -59,12 +59,13 @@ constexpr std::uint32_t kStackHeldFrames = 4096;
 // 48) the 32 frames freed between two refills flushed it every time, so each refill came mostly from the ring:
 // the server wrote each frame into a buffer it had not touched for ~480 frames, all 511 mbufs (33 MiB, the
 // L3's size) in turn. With 64 (flush at 96) a refill and the 32 frees that follow it keep it between 64 and 96:
-// the same ~36 buffers (2.3 MiB) come round, as memif_log2_ring's sizing assumes (the pool: 511 mbufs with
-// two cached threads, 1023 with three). Seen from the memif server,
-// distinct buffers written per 20000 frames of a 256 KiB SEND ping-pong: 511 -> 37 (48: still 511). 256 KiB
-// SEND half round trip 25.5 / 25.3 / 26.4 -> 23.6 / 24.1 / 23.6 us, 128 KiB 15.0 / 15.2 / 15.3 -> 14.4 / 14.1 /
-// 14.3 us, 32 KiB unchanged (slow spell, three interleaved rounds, 2026-11-30). Other large RX pools take one
-// mbuf at a time (the memif server's own receive, the driver's copying receive): 32 serves them.
+// the same ~36 buffers (2.3 MiB) come round, as memif_log2_ring's sizing assumes. Distinct buffers the memif
+// server wrote per 20000 frames of a 256 KiB SEND ping-pong: 511 -> 37 (a cache of 48: still 511). 256 KiB SEND
+// half round trip 25.5 / 25.3 / 26.4 -> 23.6 / 24.1 / 23.6 us, 128 KiB 15.0 / 15.2 / 15.3 -> 14.4 / 14.1 / 14.3
+// us, 32 KiB unchanged (slow spell, three interleaved rounds, 2026-11-30; README). The rule above counts each
+// cache at its size (two cached threads: 480, so 511 mbufs; three: 1023); one briefly holds up to half again
+// as much, which the ring's waiting covers as above. Other large RX pools take one mbuf at a time (the memif
+// server's own receive, the driver's copying receive): 32 serves them.
 constexpr unsigned kLargeRxBurst = 32, kLargeRxHeld = 256, kLargeRxCache = 32, kLargeRxCacheZeroCopy = 64;
 
 // Threads with a mempool cache of their own: the EAL's lcores and an RX thread (threading::RxThread registers
