@@ -9,6 +9,8 @@
 // in order around them, and end with its mbufs back; the client checks what came back. DPDK's own memif
 // server reads and writes wherever such a descriptor points. While it waits, the server pre-owns the buffers
 // the client posted (one of them outside its memory), which must change none of that.
+// Also against that server: borrowed frames giving their ring slots back (PortConfig::memif_borrow_rx), and a
+// zero-copy client's RX buffers coming back round through about one ring's worth of its pool.
 #include <catch2/catch.hpp>
 
 #include <unistd.h>
