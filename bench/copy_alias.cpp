@@ -115,10 +115,11 @@ std::pair<double, double> run(bool bounce, const Args& a) {
     }
     const std::size_t total = span - a.offset;  // what each message occupies in its shared buffer
     const auto base_of = [total](long i) { return (i - 1) * static_cast<long>(total); };
+    const auto slot_of = [&a, stride](long i) { return static_cast<std::size_t>(i - 1) % a.rotate * stride; };
     if (child == 0) {
         pin(1);
         for (long i = 1; i <= a.iters; ++i) {
-            const std::size_t at = static_cast<std::size_t>(i - 1) % a.rotate * stride;
+            const std::size_t at = slot_of(i);
             if (!drain(dst.data(), ab + at, sh->ping, base_of(i), total, [] { return getppid() == 1; }))
                 _exit(1);  // the parent is gone
             pieces(bounce, ba + at, s, a, sh->pong, base_of(i), total);
@@ -130,7 +131,7 @@ std::pair<double, double> run(bool bounce, const Args& a) {
     const auto us = [](clock::duration d) { return std::chrono::duration<double, std::micro>(d).count(); };
     std::vector<double> wr, rtt;
     for (long i = 1; i <= a.iters; ++i) {
-        const std::size_t at = static_cast<std::size_t>(i - 1) % a.rotate * stride;
+        const std::size_t at = slot_of(i);
         const auto t0 = clock::now();
         pieces(bounce, ab + at, s, a, sh->ping, base_of(i), total);
         const auto t1 = clock::now();

@@ -64,9 +64,10 @@ constexpr std::uint32_t kStackHeldFrames = 4096;
 // half round trip 25.5 / 25.3 / 26.4 -> 23.6 / 24.1 / 23.6 us, 128 KiB 15.0 / 15.2 / 15.3 -> 14.4 / 14.1 / 14.3
 // us, 32 KiB unchanged (slow spell, three interleaved rounds, 2026-11-30; README). The rule above counts each
 // cache at its size (two cached threads: 480, so 511 mbufs; three: 1023); one briefly holds up to half again
-// as much, which the ring's waiting covers as above. Other large RX pools take one mbuf at a time (the memif
-// server's own receive, the driver's copying receive): 32 serves them.
-constexpr unsigned kLargeRxBurst = 32, kLargeRxHeld = 256, kLargeRxCache = 32, kLargeRxCacheZeroCopy = 64;
+// as much, which the ring's waiting covers as above. So the cache is twice the ring (large_rx_cache: a refill
+// takes at most a ring). Other large RX pools take one mbuf at a time (the memif server's own receive, the
+// driver's copying receive): 32 serves them.
+constexpr unsigned kLargeRxBurst = 32, kLargeRxHeld = 256, kLargeRxCache = 32;
 
 // Threads with a mempool cache of their own: the EAL's lcores and an RX thread (threading::RxThread registers
 // as an lcore), whether or not one runs.
@@ -80,6 +81,10 @@ unsigned cached_threads() { return rte_lcore_count() + 1; }
 // (medians 12.8 / 16.4 / 18.1), 64 KiB WRITEs 21.5-22.8 / 19.6-21.9 / 20.9-23.1 (three interleaved rounds,
 // 2026-11-26); 2^4 (one window) was slower at both sizes. Never chains: see PortConfig::memif_large_frames.
 unsigned memif_log2_ring(const PortConfig& cfg) { return cfg.memif_large_frames ? 5 : 11; }
+// The large RX pool's per-lcore cache: a memif zero-copy client's holds two refills of its ring (see above).
+unsigned large_rx_cache(const PortConfig& cfg, bool memif_zero_copy) {
+    return memif_zero_copy ? 2u << memif_log2_ring(cfg) : kLargeRxCache;
+}
 unsigned memif_buffer_size(const PortConfig& cfg) {
     if (cfg.memif_large_frames) return 65472;  // 64-byte aligned, >= the largest frame (stack::kLargeSegmentMtu + 14)
     return cfg.mtu + kEthHeader > 2048 ? 10240 : 2048;
@@ -609,7 +614,7 @@ void Port::start(const PortConfig& cfg) {
     rte_eth_dev_adjust_nb_rx_tx_desc(port_id_, &nrx, &ntx);
     const int socket = rte_eth_dev_socket_id(port_id_);
     if (large_frames_) {
-        const unsigned rx_cache = memif_zero_copy_ ? kLargeRxCacheZeroCopy : kLargeRxCache;
+        const unsigned rx_cache = large_rx_cache(cfg, memif_zero_copy_);
         const std::uint32_t need = kLargeRxBurst + kLargeRxHeld + rx_cache * cached_threads() + driver_held_ +
                                    (faults.any() ? static_cast<std::uint32_t>(FaultInjector::kHeld) : 0);
         std::uint32_t rx_n = 1;

@@ -378,7 +378,7 @@ int borrow_client(const std::string& socket) {
     return port->close() == io::Port::CloseResult::clean ? 0 : 2;
 }
 
-// ---- a zero-copy client's RX buffers (io/port.cpp: kLargeRxCacheZeroCopy) ----
+// ---- a zero-copy client's RX buffers (io/port.cpp: large_rx_cache) ----
 
 constexpr std::uint16_t kReuseLen = 60000;  // a large frame: one ring buffer each
 constexpr std::uint32_t kReuseFrames = 2000;
@@ -434,13 +434,13 @@ int reuse_client(const std::string& socket) {
     return port->close() == io::Port::CloseResult::clean ? 0 : 2;
 }
 
-}  // namespace
-
-TEST_CASE("a memif server borrowing frames gives each ring slot back when its frame is freed, in ring order, and "
-          "reads held frames after the client left", "[io][memif][peer][borrow]") {
-    const std::string socket = "/run/" + unique_name("sr-memif-borrow") + ".sock";
-    const auto outcomes = run_roles({{"server", [&] { return borrow_server(socket); }},
-                                     {"client", [&] { return borrow_client(socket); }, 200ms}},
+// Runs the two roles on a fresh socket named after `name` (the client 200 ms after the server) and checks that
+// both ended well within a minute.
+template <typename Server, typename Client>
+void run_pair(const std::string& name, Server server, Client client) {
+    const std::string socket = "/run/" + unique_name(name) + ".sock";
+    const auto outcomes = run_roles({{"server", [&] { return server(socket); }},
+                                     {"client", [&] { return client(socket); }, 200ms}},
                                     60s);
     for (const auto& o : outcomes) {
         INFO(o.name << ": " << o.report);
@@ -449,18 +449,17 @@ TEST_CASE("a memif server borrowing frames gives each ring slot back when its fr
     }
 }
 
+}  // namespace
+
+TEST_CASE("a memif server borrowing frames gives each ring slot back when its frame is freed, in ring order, and "
+          "reads held frames after the client left", "[io][memif][peer][borrow]") {
+    run_pair("sr-memif-borrow", borrow_server, borrow_client);
+}
+
 TEST_CASE("a memif client writing descriptors outside its memory: the server drops those frames, counts them, "
           "delivers the rest", "[io][memif][peer]") {
-    const std::string socket = "/run/" + unique_name("sr-memif-peer") + ".sock";
     constexpr std::uint64_t kFaults = 3 + 1 + 1 + 1;  // three frames, the many-descriptor frame, the head, the RX buffer
-    const auto outcomes = run_roles({{"server", [&] { return server_role(socket, kFaults); }},
-                                     {"client", [&] { return client_role(socket); }, 200ms}},
-                                    60s);
-    for (const auto& o : outcomes) {
-        INFO(o.name << ": " << o.report);
-        CHECK(o.exit_code == 0);
-        CHECK_FALSE(o.timed_out);
-    }
+    run_pair("sr-memif-peer", [](const std::string& socket) { return server_role(socket, kFaults); }, client_role);
 }
 
 TEST_CASE("a memif zero-copy client's RX buffers come back round through about one ring's worth, not the whole "
@@ -469,13 +468,5 @@ TEST_CASE("a memif zero-copy client's RX buffers come back round through about o
         WARN("skipped: memif zero-copy needs hugepages (scripts/setup reserves them)");
         return;
     }
-    const std::string socket = "/run/" + unique_name("sr-memif-reuse") + ".sock";
-    const auto outcomes = run_roles({{"server", [&] { return reuse_server(socket); }},
-                                     {"client", [&] { return reuse_client(socket); }, 200ms}},
-                                    60s);
-    for (const auto& o : outcomes) {
-        INFO(o.name << ": " << o.report);
-        CHECK(o.exit_code == 0);
-        CHECK_FALSE(o.timed_out);
-    }
+    run_pair("sr-memif-reuse", reuse_server, reuse_client);
 }
