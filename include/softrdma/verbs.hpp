@@ -625,7 +625,7 @@ struct ContextConfig {
     // thread; the RX thread's core and idle policy.
     ThreadingConfig threading{};
     // Per-layer cost accounting (diagnostics::layer_cycles): a TSC read at each layer boundary.
-    // Run-to-completion mode only; off by default (it costs a few ns per message).
+    // Run-to-completion mode only; off by default (~0.1 us on a 64 B half round trip, rdma_perf --layers).
     bool layer_cycles{false};
     // TCP checksums: automatic = off on memif (shared memory between two softrdma processes: nothing can
     // corrupt a frame, and both ends use this policy; captures then show checksum 0); on everywhere else
