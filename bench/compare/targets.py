@@ -252,11 +252,16 @@ def summary(vals):
 def kernel_slow_mode(rounds, r, m, size):
     """True when round r's kernel half round trip at `size` (MTU m) is above KERNEL_SLOW_MODE x the best of the
     sitting in the same spell: kernel TCP's slow mode in all its runs (see KERNEL_SLOW_MODE)."""
-    e = r[m]["rtt"]["sizes"][size]
-    best = min(x[m]["rtt"]["sizes"][size]["kernel_us"] for x in rounds
-               if x.get(m, {}).get("rtt", {}).get("sizes", {}).get(size, {}).get("kernel_spell") == e["kernel_spell"]
-               and "kernel_us" in x[m]["rtt"]["sizes"][size])
-    return e["kernel_us"] > KERNEL_SLOW_MODE * best
+    def kernel(x):
+        """(spell, us) of round x's kernel run at this size, or None when it has no spell or no figure."""
+        e = x.get(m, {}).get("rtt", {}).get("sizes", {}).get(size, {})
+        return (e["kernel_spell"], e["kernel_us"]) if e.get("kernel_spell") and "kernel_us" in e else None
+
+    mine = kernel(r)
+    if mine is None:
+        return False
+    best = min(k[1] for k in map(kernel, rounds) if k is not None and k[0] == mine[0])
+    return mine[1] > KERNEL_SLOW_MODE * best
 
 
 def large_ratio(soft, op, size, sp):
@@ -346,9 +351,8 @@ def figures(rounds, mtus):
         out.append((f"MTU {m}: half round trip sizes left out for kernel TCP's slow mode (above {KERNEL_SLOW_MODE}x "
                     "its best in the sitting, same spell), per round",
                     summary(per_round(rounds, lambda r: sum(
-                        1 for size, e in r[m]["rtt"]["sizes"].items() if size in RTT_SIZES and
-                        e.get("kernel_spell") is not None and "kernel_us" in e and
-                        kernel_slow_mode(rounds, r, m, size))))))
+                        1 for size in r[m]["rtt"]["sizes"]
+                        if size in RTT_SIZES and kernel_slow_mode(rounds, r, m, size))))))
         out.append((f"MTU {m}: half round trip sizes left unpaired (spells differed or changed), per round",
                     summary(per_round(rounds, lambda r: sum(
                         1 for size, e in r[m]["rtt"]["sizes"].items() if size in RTT_SIZES and
