@@ -4,38 +4,9 @@
 #include <cstring>
 
 #include "base/byteorder.hpp"
+#include "base/inet_sum.hpp"
 
 namespace softrdma::stack {
-
-namespace {
-
-// The Internet checksum's ones' complement sum (RFC 1071) of n bytes, not yet folded. Words are read in host
-// order: the ones' complement sum is byte-order independent (RFC 1071 section 2.B), so a sum folded to all
-// ones means the same in either order, and a checksum stored as it is computed lands in network order. An odd
-// last byte counts as the first byte of a zero-padded word. Our own code (no DPDK), so the parser also builds
-// in the fuzzing build, which has no DPDK.
-std::uint64_t sum_words(const std::byte* p, std::size_t n) noexcept {
-    std::uint64_t s = 0;
-    for (; n >= 2; p += 2, n -= 2) {
-        std::uint16_t w;
-        std::memcpy(&w, p, 2);
-        s += w;
-    }
-    if (n != 0) {
-        const std::byte last[2] = {p[0], std::byte{0}};
-        std::uint16_t w;
-        std::memcpy(&w, last, 2);
-        s += w;
-    }
-    return s;
-}
-
-std::uint16_t fold(std::uint64_t s) noexcept {
-    while ((s >> 16) != 0) s = (s & 0xffff) + (s >> 16);
-    return static_cast<std::uint16_t>(s);
-}
-
-}  // namespace
 
 TcpFrame parse_tcp_frame(const std::byte* f, std::uint32_t len) noexcept {
     TcpFrame v;
@@ -68,8 +39,8 @@ void cut_payload(std::byte* frame, std::uint32_t hdr_len) noexcept {
     // cut payload never acknowledged: the peer's FIN never taken. The peer resends the FIN with its payload.
     ip[ihl + 13] &= ~std::byte{0x01};
     std::memset(ip + 10, 0, 2);
-    const auto sum = static_cast<std::uint16_t>(~fold(sum_words(ip, ihl)));
-    std::memcpy(ip + 10, &sum, 2);  // host-order sum stored as is: network order (see sum_words)
+    const auto sum = static_cast<std::uint16_t>(~ones_fold(ones_sum(ip, ihl)));
+    std::memcpy(ip + 10, &sum, 2);  // host-order sum stored as is: network order (base/inet_sum.hpp)
 }
 
 bool tcp_checksum_ok(const std::byte* frame, const TcpFrame& f) noexcept {
@@ -81,11 +52,11 @@ bool tcp_checksum_ok(const std::byte* frame, const TcpFrame& f) noexcept {
     pseudo[8] = std::byte{0};
     pseudo[9] = std::byte{6};         // protocol: TCP
     put_be16(pseudo + 10, static_cast<std::uint16_t>(tcp_len));
-    return fold(sum_words(pseudo, sizeof pseudo) + sum_words(ip + f.ihl, tcp_len)) == 0xffff;
+    return ones_fold(ones_sum(ip + f.ihl, tcp_len, ones_sum(pseudo, sizeof pseudo))) == 0xffff;
 }
 
 bool ip_checksum_ok(const std::byte* frame, const TcpFrame& f) noexcept {
-    return fold(sum_words(frame + 14, f.ihl)) == 0xffff;
+    return ones_fold(ones_sum(frame + 14, f.ihl)) == 0xffff;
 }
 
 }  // namespace softrdma::stack

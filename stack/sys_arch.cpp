@@ -1,11 +1,13 @@
 // SPDX-License-Identifier: MIT
-// What lwIP (NO_SYS=1) needs from the platform: a millisecond clock, assertions, diagnostics, randomness.
+// What lwIP (NO_SYS=1) needs from the platform: a millisecond clock, assertions, diagnostics, randomness, and
+// its checksum routine.
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
 #include <random>
 
 #include <rte_cycles.h>
+#include "base/inet_sum.hpp"
 #include "base/log.hpp"
 
 #include "lwip/arch.h"
@@ -44,6 +46,10 @@ uint32_t softrdma_lwip_rand(void) {
     auto r = static_cast<uint32_t>(gen());
     if ((r & 0x3fffu) == 0x3fffu) r ^= 1u;
     return r;
+}
+
+uint16_t softrdma_lwip_chksum(const void* data, int len) {
+    return softrdma::ones_fold(softrdma::ones_sum(data, static_cast<std::size_t>(len)));
 }
 
 }  // extern "C"
