@@ -52,7 +52,8 @@ struct StackConfig {
     // the kernel's veth carries GSO/GRO super-frames. The netif MTU is then kLargeSegmentMtu and the SYN
     // advertises that MSS; a peer that advertises less (large segments off, another memif application) gets
     // segments of its size. Protocols
-    // above size their frames for the segment (verbs: FPDUs of up to 8960 bytes). Ignored on other backends.
+    // above size their frames for the segment (verbs: FPDUs of up to 32672 bytes, two per segment). Ignored on
+    // other backends.
     bool large_segments = false;
 };
 

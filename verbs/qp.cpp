@@ -478,8 +478,8 @@ void Qp::release_first_fpdu() noexcept {
 
 void Qp::start_stream(stack::TcpConnection& tcp, const mpa::Agreed& agreed, const StreamParams& p) {
     tcp_ = &tcp;
-    // FPDUs are sized for the segment (MULPDU from EMSS, RFC 5044), at most 8960 bytes (TxHalf::start): at
-    // MTU 1500 and 9000 one FPDU fills a segment; a large segment (stack::StackConfig) carries several.
+    // FPDUs are sized for the segment (MULPDU from EMSS, RFC 5044; TxHalf::fpdu_limit): at MTU 1500 and 9000
+    // one FPDU fills a segment; a large segment (stack::StackConfig) carries two of 32672 bytes.
     const std::uint32_t mss = tcp.mss();
     const std::uint32_t segment = mss != 0 ? mss : 536;
     const std::uint32_t emss = segment;

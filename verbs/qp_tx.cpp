@@ -40,16 +40,17 @@ void TxHalf::start(rdmap::Upper& upper, const mpa::Agreed& agreed, std::uint32_t
                    std::uint64_t* cycles_framer, std::uint64_t* cycles_proto, std::uint64_t* cycles_lwip) {
     ep_.reset();
     framer_.reset();
-    // FPDUs no larger than the copy staging holds (kCopyBatchMax): with large segments (emss 65344) the FPDUs
-    // are 8960 bytes, as at MTU 9000, so a batch that finds no TX chunk free can still frame the next one.
-    fpdu_tx_.emplace(mpa::tx_config(agreed, std::min(emss, kCopyBatchMax)));
+    // FPDUs of at most fpdu_limit(emss): the segment's at MTU 1500 and 9000, half a large segment (32672 bytes).
+    static_assert(kIdleBatch >= fpdu_limit(stack::kLargeSegmentMss), "a quiet link's first batch holds an FPDU");
+    const std::uint32_t fpdu_max = fpdu_limit(emss);
+    fpdu_tx_.emplace(mpa::tx_config(agreed, fpdu_max));
     framer_.emplace(*fpdu_tx_, inline_bufs);
     ep_.emplace(rdmap::Role::tx, upper, *framer_, cfg);
     if (cycles_framer != nullptr) ep_->count_cycles(nullptr, cycles_framer);
     framed_total_ = &framed_total;
     cycles_proto_ = cycles_proto;
     cycles_lwip_ = cycles_lwip;
-    buf_.assign(std::max<std::uint32_t>(std::min(segment, kCopyBatchMax), 64), std::byte{0});
+    buf_.assign(std::max<std::uint32_t>(std::min(segment, fpdu_max), 64), std::byte{0});
     batch_ = std::max<std::uint32_t>(segment, 64);
     off_ = len_ = 0;
     zero_copy_ = segment >= kZeroCopyMinSegment;
@@ -58,7 +59,7 @@ void TxHalf::start(rdmap::Upper& upper, const mpa::Agreed& agreed, std::uint32_t
 }
 
 // Keeping FPDUs whole on the wire: each batch pulled from the endpoint is whole FPDUs totalling at most one
-// segment (MULPDU makes every FPDU fit in the link's MSS, and a large segment holds many), and a batch is handed
+// segment (MULPDU makes every FPDU fit in the link's MSS, and a large segment holds two), and a batch is handed
 // to lwIP only when lwIP holds no unsent segment (TcpConnection::tx_segment_boundary), so lwIP starts a new
 // segment with it instead of appending it to a partly filled one. One batch = one segment. A batch lwIP takes only in part (its send buffer or segment pool full) is
 // finished first; that is the one case where an FPDU may straddle two segments, and the peer's deframer accepts

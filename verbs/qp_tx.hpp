@@ -7,6 +7,7 @@
 // Memory: built by start() (control path); pump() allocates nothing.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -84,15 +85,25 @@ private:
     std::optional<mpa::FpduTx> fpdu_tx_;
     std::optional<DeferringFramer> framer_;
     std::optional<rdmap::Endpoint> ep_;
-    // Staging when no TX chunk is to be had: whole FPDUs the endpoint wrote, not yet taken by TCP. Sizing: one
-    // segment, so one batch of FPDUs fills at most one TCP segment, and at most kCopyBatchMax (lwIP copies in
-    // pieces its heap pools hold; a large segment is then built from several batches).
+    // The largest FPDU for segments of `emss` bytes: the segment's MULPDU up to kCopyBatchMax (MTU 1500 and
+    // 9000: one FPDU fills a segment); above it (large segments, 65344 bytes) half the segment, rounded down to
+    // whole words, so two FPDUs of 32672 bytes fill one. Each FPDU costs its framing, a DDP header to check
+    // and a placement step on both sides whatever its size: with large segments, 32672-byte FPDUs against
+    // 8960-byte ones took the SEND half round trip at 32 KiB / 64 KiB / 256 KiB / 1 MiB from 4.52 / 6.91 /
+    // 19.86 / 82.6 us to 3.71 / 5.59 / 15.1 / 55.7 us (slow spell, interleaved, 2026-11-30; README).
     static constexpr std::uint32_t kCopyBatchMax = 8960;
+    static constexpr std::uint32_t fpdu_limit(std::uint32_t emss) noexcept {
+        return emss <= kCopyBatchMax ? emss : std::max(kCopyBatchMax, (emss / 2) & ~3u);
+    }
+    // Staging when no TX chunk is to be had: whole FPDUs the endpoint wrote, not yet taken by TCP. Sizing: one
+    // segment, at most one FPDU (fpdu_limit: 32672 bytes with large segments), so one batch fills at most one
+    // TCP segment and the largest FPDU fits. TCP copies it in pieces its heap pools hold (TcpConnection::write).
     std::vector<std::byte> buf_;
     std::size_t batch_{0};  // one segment: the most a batch framed in a TX chunk holds
     // The first batch after the link went quiet (nothing sent and unacknowledged): at most this, half a large
-    // segment in whole FPDUs, so the peer places the first half of a lone 64 KiB message while the second is
-    // framed and sent (see pump()).
+    // segment in whole FPDUs (one of 32672 bytes), so the peer places the first half of a lone 64 KiB message
+    // while the second is framed and sent (see pump()). It must hold the largest FPDU, or a lone message would
+    // never start (static_assert in start()).
     static constexpr std::uint32_t kIdleBatch = 4 * kCopyBatchMax;
     std::size_t off_{0};
     std::size_t len_{0};
