@@ -408,9 +408,28 @@ private:
     }
 
     // ---- the polling turn ----
-    void arm() { deadline_ = tsc() + stall_; }
-    [[gnu::noinline]] void stalled() {
-        fail(std::string("no progress for ") + std::to_string(o_.timeout_s) + " s (QP " +
+    // Two limits. A wait with no frame and no completion for --timeout fails (deadline_, checked every idle
+    // turn). And once per --timeout (checkpoint_) payload must have moved or something completed: frames alone
+    // do not count there, or an established connection's TCP keepalive probes (after 3 s idle) would keep a
+    // transfer that stopped moving alive until --deadline.
+    void arm() {
+        const std::uint64_t now = tsc();
+        deadline_ = checkpoint_ = now + stall_;
+        moved_at_checkpoint_ = moved();
+    }
+    // Payload bytes framed and placed, and completions, so far: grows while anything moves.
+    std::uint64_t moved() const {
+        return verbs::diagnostics::tx_copies(*ctx_).payload_bytes + verbs::diagnostics::rx_copies(*ctx_).payload_bytes +
+               completions_;
+    }
+    [[gnu::noinline]] void at_checkpoint(std::uint64_t now) {
+        const std::uint64_t m = moved();
+        if (m == moved_at_checkpoint_) stalled(" (frames only)");
+        moved_at_checkpoint_ = m;
+        checkpoint_ = now + stall_;
+    }
+    [[gnu::noinline]] void stalled(const char* what = "") {
+        fail(std::string("no progress for ") + std::to_string(o_.timeout_s) + " s" + what + " (QP " +
              verbs::to_string(qp_->state()) + "; phase " + std::to_string(phase_) + ", " +
              std::to_string(received_) + " received, " + std::to_string(completed_) + " completed): peer gone?");
     }
@@ -433,6 +452,7 @@ private:
         bool progress = frames != 0;
         while ((n = cq_->poll(wcs_)) != 0) {
             progress = true;
+            completions_ += n;
             for (std::size_t i = 0; i < n; ++i) {
                 const WorkCompletion& wc = wcs_[i];
                 if (wc.status != WcStatus::success) [[unlikely]] bad_wc(wc);
@@ -446,6 +466,7 @@ private:
             }
         }
         const std::uint64_t now = tsc();
+        if (now > checkpoint_) [[unlikely]] at_checkpoint(now);
         if (progress) {
             deadline_ = now + stall_;
             idle_.busy();
@@ -806,6 +827,9 @@ private:
     unsigned dir_;
     std::uint64_t stall_{0};
     std::uint64_t deadline_{0};
+    std::uint64_t checkpoint_{~std::uint64_t{0}};  // not before the first arm()
+    std::uint64_t moved_at_checkpoint_{0};
+    std::uint64_t completions_{0};
     Idler idle_{IdlePolicy::spin_only()};
 
     std::unique_ptr<verbs::Context> ctx_;
