@@ -26,6 +26,11 @@ Cases:
                   (dropped), then the rest: every SEND must arrive
   syn-in-window   the same with a SYN on the established connection (RFC 5961 section 4: a challenge ACK)
   ack-unsent      the same with an ACK for bytes the server never sent (RFC 5961 section 5: dropped, an ACK back)
+  ip-shapes       32 SENDs in segments whose IPv4 headers take every shape the receive path must tell apart:
+                  ahead of each segment the same bytes flipped, in frames that must be dropped (bad header
+                  checksum, a fragment by MF or by offset, a total length past the frame, a header length below
+                  20, version 6), then the segment itself in turns plain, with IP options, with Ethernet padding
+                  past the IP total length, and to the broadcast MAC; every SEND must arrive as sent
   window-shrink   a 64 KiB READ into a 16 KiB window (no scaling) whose right edge we move back to 1 KiB past
                   the next byte once 8 KiB came (a shrink, RFC 9293 section 3.8.6: what was sent past it is
                   dropped), held 0.3 s, then opened: the READ response must arrive whole and correct (what was
@@ -41,6 +46,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import hostile  # noqa: E402  (the MPA/DDP/RDMAP encoders)
+import itertools  # noqa: E402
 
 ETH_P_ALL, ETH_P_IP, ETH_P_ARP = 0x0003, 0x0800, 0x0806
 PACKET_OUTGOING = 4
@@ -76,6 +82,15 @@ def seq_diff(a, b):
     return d - (1 << 32) if d & 0x80000000 else d
 
 
+# IPv4 headers ip_send can write. The server must take these (IP options: lwIP accepts them; Ethernet padding
+# past the IP total length is cut; a broadcast destination MAC with our IP is still ours)...
+GOOD_SHAPES = ["plain", "options", "padded", "broadcast-mac"]
+# ...and drop these: a bad header checksum, a fragment (no reassembly: TCP never sends one), an IP total length
+# past the frame, a header length below 20 bytes, not version 4.
+BAD_SHAPES = ["bad-csum", "more-fragments", "offset", "long", "short-ihl", "version"]
+IP_SHAPES = GOOD_SHAPES + BAD_SHAPES
+
+
 class Link:
     """Ethernet + ARP + IPv4 on an AF_PACKET socket; hands TCP segments from the server up."""
 
@@ -89,6 +104,7 @@ class Link:
         self.ip, self.srv_ip = socket.inet_aton(my_ip), socket.inet_aton(srv_ip)
         self.srv_mac = None
         self.ident = 0
+        self.shapes = None  # an iterator of IP_SHAPES names ip_send takes in turn (None: always plain)
 
     def frame(self, dst, etype, payload):
         self.sock.send(dst + self.mac + struct.pack("!H", etype) + payload)
@@ -103,12 +119,20 @@ class Link:
             self.arp(1, b"\0" * 6, self.srv_ip, b"\xff" * 6)
             self.poll(0.2)
 
-    def ip_send(self, payload):
+    def ip_send(self, payload, shape=None):
+        """shape: one of IP_SHAPES (None: the next of self.shapes, or plain)."""
+        if shape is None:
+            shape = next(self.shapes) if self.shapes is not None else "plain"
         self.ident = (self.ident + 1) & 0xFFFF
-        hdr = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(payload), self.ident, 0x4000, 64, 6, 0, self.ip,
-                          self.srv_ip)
-        hdr = hdr[:10] + struct.pack("!H", csum(hdr)) + hdr[12:]
-        self.frame(self.srv_mac, ETH_P_IP, hdr + payload)
+        opts = b"\x01\x01\x01\x00" if shape == "options" else b""  # NOP NOP NOP, end of options
+        ver_ihl = {"short-ihl": 0x44, "version": 0x65}.get(shape, 0x40 | (20 + len(opts)) // 4)
+        frag = {"more-fragments": 0x2000, "offset": 0x0001}.get(shape, 0x4000)  # else DF
+        total = 20 + len(opts) + len(payload) + (100 if shape == "long" else 0)
+        hdr = struct.pack("!BBHHHBBH4s4s", ver_ihl, 0, total, self.ident, frag, 64, 6, 0, self.ip,
+                          self.srv_ip) + opts
+        hdr = hdr[:10] + struct.pack("!H", (csum(hdr) + (1 if shape == "bad-csum" else 0)) & 0xFFFF) + hdr[12:]
+        pad = b"\xee" * 24 if shape == "padded" else b""
+        self.frame(b"\xff" * 6 if shape == "broadcast-mac" else self.srv_mac, ETH_P_IP, hdr + payload + pad)
 
     def poll(self, timeout):
         """TCP segments from the server that arrive within `timeout` (returns once some came and the socket is
@@ -166,6 +190,8 @@ class Tcp:
         self.peer_wnd, self.peer_scale = 0, 0
         self.reset = self.fin = False
         self.probes_while_shut = 0
+        self.sent_to = 0  # the end of what deliver() sent (stream offset)
+        self.resent = 0  # segments deliver() sent again (go-back-N after 0.2 s without progress)
         self.pure_acks = 0  # segments from the server with ACK and no payload (challenge ACKs, window updates)
         self.shrink_at = None  # (bytes received, room): then move the right edge back to rcv_nxt + room
 
@@ -175,7 +201,7 @@ class Tcp:
             return self.adv
         return max(0, seq_diff(self.edge, self.rcv_nxt))
 
-    def send(self, seq, flags, payload=b"", opts=b""):
+    def send(self, seq, flags, payload=b"", opts=b"", shape=None):
         win = min(self.room() >> (0 if flags & SYN else self.scale), 0xFFFF)
         hl = 20 + len(opts)
         ack = self.rcv_nxt if self.rcv_nxt is not None else 0
@@ -183,10 +209,10 @@ class Tcp:
                         0, 0) + opts
         pseudo = self.link.ip + self.link.srv_ip + struct.pack("!BBH", 0, 6, len(t) + len(payload))
         t = t[:16] + struct.pack("!H", csum(pseudo + t + payload)) + t[18:]
-        self.link.ip_send(t + payload)
+        self.link.ip_send(t + payload, shape)
 
-    def send_at(self, off, data):
-        self.send(self.base + off, ACK | PSH, data)
+    def send_at(self, off, data, shape=None):
+        self.send(self.base + off, ACK | PSH, data, shape=shape)
 
     def ack(self):
         self.send(self.base + self.una, ACK)  # seq: the oldest byte the server has not acknowledged (in its window)
@@ -271,8 +297,9 @@ class Tcp:
             self.edge = (self.rcv_nxt + self.window) & MASK
         self.ack()
 
-    def deliver(self, stream, deadline, start=0):
-        """Go-back-N until the server acknowledged all of `stream` (offsets from `start`)."""
+    def deliver(self, stream, deadline, start=0, seg=MSS):
+        """Go-back-N until the server acknowledged all of `stream` (offsets from `start`), in segments of up to
+        `seg` bytes."""
         end = start + len(stream)
         last_una, quiet_since = -1, time.time()
         while self.una < end:
@@ -283,9 +310,11 @@ class Tcp:
             if self.una != last_una or time.time() - quiet_since > 0.2:
                 last_una, quiet_since = self.una, time.time()
                 off = max(self.una, start)
-                limit = min(end, off + max(self.peer_wnd, MSS), off + (256 << 10))
+                limit = min(end, off + max(self.peer_wnd, seg), off + (256 << 10))
                 while off < limit:
-                    n = min(MSS, limit - off)
+                    n = min(seg, limit - off)
+                    self.resent += 1 if off < self.sent_to else 0
+                    self.sent_to = max(self.sent_to, off + n)
                     self.send_at(off, stream[off - start:off - start + n])
                     off += n
             self.pump(0.02)
@@ -394,6 +423,24 @@ def play(c, case, off0, addr, stag, deadline):
         c.deliver(stream, deadline, off0)
         c.pump(0.2)
         return "got all acknowledged" + (" then reset" if c.reset else "")
+    if case == "ip-shapes":
+        # Ahead of each segment, its bytes flipped at the same place in every shape that must be dropped: one
+        # taken would be in the stream (its TCP checksum is right); then the segment itself, shapes in turn.
+        # Segments of 1000 bytes: IP options and padding still fit the MTU.
+        stream = sends(case)
+        flipped = bytes(b ^ 0x5A for b in stream)
+        c.link.shapes = itertools.cycle(GOOD_SHAPES)
+        try:
+            for p in range(0, len(stream), 1000):
+                for shape in BAD_SHAPES:
+                    c.send_at(off0 + p, flipped[p:p + 1000], shape)
+                c.deliver(stream[:p + 1000], deadline, off0, 1000)
+        finally:
+            c.link.shapes = None
+        c.pump(0.2)
+        # resent: a segment of a good shape dropped (a padded frame whose padding was taken as payload fails
+        # its TCP checksum) is sent again after 0.2 s; none is lost on the veth otherwise.
+        return "got all acknowledged resent=%d%s" % (c.resent, " then reset" if c.reset else "")
     if case == "ooseq-flood":
         payload = bytes(REGION_PATTERN(i + 3) for i in range(FLOOD_FPDUS * FLOOD_PAYLOAD))
         print("expect %s: write=%08x" % (case, fnv(payload)), flush=True)
@@ -507,7 +554,7 @@ def play(c, case, off0, addr, stag, deadline):
 
 
 ALL = ["reorder", "overlap", "stale-conflict", "ooseq-flood", "zero-window", "zero-window-forever",
-       "rst-in-window", "syn-in-window", "ack-unsent", "window-shrink", "fin-after-gap"]
+       "rst-in-window", "syn-in-window", "ack-unsent", "window-shrink", "fin-after-gap", "ip-shapes"]
 
 
 def main():
