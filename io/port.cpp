@@ -604,7 +604,9 @@ void Port::start(const PortConfig& cfg) {
     // Zero-copy transmit sends each TCP segment as a chain: an mbuf with the headers, then the payload as an
     // external buffer in a TX chunk. Sizing rule: 32 connections with full send buffers (lwIP's TCP_SND_BUF,
     // 256 KiB = 4 chunks) + the chunk each is filling + one a finished segment may still pin = 6 each: 192
-    // (12 MiB). More connections than that send at full speed copy instead (TcpConnection::tx_buffer).
+    // (12 MiB). More connections than that send at full speed copy instead (TcpConnection::tx_buffer). With
+    // memif's large segments a connection's send buffer is 1 MiB (TcpConnection::kLargeSendBuffer, up to 19
+    // chunks): 192 chunks then keep 10 connections' full send buffers in chunks.
     if (cfg.tx_zero_copy && (info.tx_offload_capa & RTE_ETH_TX_OFFLOAD_MULTI_SEGS) != 0) {
         conf.txmode.offloads |= RTE_ETH_TX_OFFLOAD_MULTI_SEGS;
         tx_arena_ = std::make_unique<TxArena>(cfg.tx_chunks != 0 ? cfg.tx_chunks : 32u * 6u, rte_socket_id());

@@ -20,6 +20,18 @@ namespace {
 // to a few ticks as round trips are measured (as it already went in long connections).
 constexpr std::chrono::milliseconds kInitialRto{200};
 
+// Once established (nothing written yet; called once per connection): a large-segment connection's send buffer
+// (kLargeSendBuffer).
+// lwIP gives each pcb TCP_SND_BUF, takes what tcp_write queues from it and adds back what is acknowledged, so
+// the extra stays with the connection. Its segments stay few (16 of 64 KiB; TCP_SND_QUEUELEN still bounds
+// small ones), as does the zero-copy FIFO (kTxChunks).
+constexpr std::uint32_t kMtu9000Mss = 8960;
+static_assert(TcpConnection::kLargeSendBuffer > TCP_SND_BUF);
+void size_send_buffer(tcp_pcb* pcb) noexcept {
+    if (pcb->mss > kMtu9000Mss)
+        pcb->snd_buf = static_cast<tcpwnd_size_t>(pcb->snd_buf + (TcpConnection::kLargeSendBuffer - TCP_SND_BUF));
+}
+
 void seed_rto(tcp_pcb* pcb, std::chrono::milliseconds rto = kInitialRto) noexcept {
     pcb->sv = static_cast<s16_t>(rto.count() / TCP_SLOW_INTERVAL);
     pcb->rto = static_cast<s16_t>((pcb->sa >> 3) + pcb->sv);
@@ -387,6 +399,7 @@ err_t TcpConnection::on_connected_cb(void* arg, tcp_pcb* pcb, err_t) {
     CallbackScope scope(pcb, self);
     self->connected_ = true;
     seed_rto(pcb);
+    size_send_buffer(pcb);
     self->handler_->on_connected(*self);
     return scope.result();
 }
@@ -467,6 +480,7 @@ err_t TcpListener::on_accept_cb(void* arg, tcp_pcb* pcb, err_t err) {
     if (self == nullptr || pcb == nullptr || err != ERR_OK) return ERR_VAL;
     std::unique_ptr<TcpConnection> conn(new TcpConnection(self->stack_, pcb, nullptr, true));
     seed_rto(pcb);
+    size_send_buffer(pcb);
     conn->attach();
     CallbackScope scope(pcb, conn.get());
     self->handler_.on_accept(std::move(conn));  // dropping it aborts: scope then says ERR_ABRT

@@ -103,6 +103,12 @@ public:
     std::size_t write_ref(std::span<const std::byte> data) noexcept;
     std::size_t send_space() const noexcept;
     void flush() noexcept;
+    // The send buffer (bytes written and not yet acknowledged) of a connection whose segments are larger than
+    // an MTU 9000 one (memif's large segments, StackConfig::large_segments), set when it is established; other
+    // connections keep lwIP's TCP_SND_BUF (256 KiB). 256 KiB is four large segments, ~10 us of a 25 GB/s
+    // stream: the receiver's placement copies ran short of it (Results, "A send buffer of 1 MiB for large
+    // segments"). Why not for every connection: lwipopts.h, TCP_SND_BUF.
+    static constexpr std::uint32_t kLargeSendBuffer = 1024 * 1024;
 
     // ---- zero-copy transmit (the port's TX arena, io/tx_arena.hpp) ----
     // Room to build the next bytes to send in place: `max` bytes (at most io::TxArena::kUsable) at the tail of
@@ -194,23 +200,25 @@ private:
     bool connected_;
     bool ack_deferred_ = false;  // in the Stack's end-of-turn ACK list
     // Stretch ACKs: bytes received since our last ACK, and when the first of them came (TSC).
-    // At most this many bytes: with large segments (64 KiB) 8 segments would be twice the sender's send buffer
-    // (TCP_SND_BUF, 256 KiB), and the sender would wait for the delayed ACK every time.
+    // At most this many bytes: a quarter of a large-segment sender's send buffer (kLargeSendBuffer, 1 MiB); 8
+    // of its 64 KiB segments would be half of it, and it would run dry between ACKs.
     static constexpr unsigned kStretchSegments = 8;
-    static constexpr std::uint32_t kStretchMaxBytes = 128 * 1024;
+    static constexpr std::uint32_t kStretchMaxBytes = 256 * 1024;
     std::uint32_t stretch_bytes() const noexcept;
     std::uint32_t rx_unacked_ = 0;
     std::uint64_t owed_since_tsc_ = 0;
     std::chrono::steady_clock::time_point connect_deadline_{};
     // Zero-copy transmit: this connection's TX chunks, oldest first (a FIFO in chunks_[tx_head_ ..]); each
-    // with the sequence number just past the last byte lwIP took from it. Sizing: TCP_SND_BUF (256 KiB) spans
-    // at most 5 chunks with the one being filled; a full FIFO makes tx_buffer() say empty (copy instead).
+    // with the sequence number just past the last byte lwIP took from it. Sizing: the largest send buffer
+    // (kLargeSendBuffer, 1 MiB) spans 17 chunks, + the one being filled, + the oldest still partly
+    // unacknowledged: 19 (static_assert in tcp.cpp); a full FIFO makes tx_buffer() say empty (copy instead).
     struct TxChunk {
         std::int32_t id = -1;
         std::uint32_t end_seq = 0;
         bool pushed = false;  // lwIP took at least one byte of it
     };
-    static constexpr unsigned kTxChunks = 8;
+    static constexpr unsigned kTxChunks = 20;
+    static_assert(kTxChunks >= (kLargeSendBuffer + io::TxArena::kUsable - 1) / io::TxArena::kUsable + 2);
     std::array<TxChunk, kTxChunks> tx_chunks_{};
     unsigned tx_head_ = 0, tx_count_ = 0;
     // In the newest chunk: bytes lwIP took, and the end of the staged ones (tx_pushed_end_ <= tx_staged_end_).

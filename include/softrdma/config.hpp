@@ -88,7 +88,8 @@ struct PortConfig {
     // Zero-copy transmit: FPDUs are framed into 64 KiB chunks of DPDK memory that TCP segments and outgoing
     // frames reference until acknowledged, instead of being copied into lwIP and again into an mbuf
     // (io/tx_arena.hpp). Chunks in the arena; 0 = the sizing rule in io/port.cpp (32 connections with full
-    // send buffers: 192 chunks, 12 MiB); a connection that finds none free copies, as without zero-copy.
+    // send buffers: 192 chunks, 12 MiB; 10 with large segments' 1 MiB ones); a connection that finds none
+    // free copies, as without zero-copy.
     // Only where the driver takes chained mbufs (memif, af_packet, most NICs); false turns it off.
     std::uint32_t tx_chunks = 0;
     bool tx_zero_copy = true;

@@ -67,7 +67,8 @@
 #define TCP_WND                         (1024u * 1024u)
 /* Send buffer: must cover the bandwidth-delay product (3 GB/s x 50 us = 150 KB on a local link), and no
  * more: lwIP 2.1.3's tcp_output() walks the whole unacked queue on every call, so a needlessly long queue
- * costs CPU on every ACK. 256 KiB keeps it <= 180 segments at MSS 1460. */
+ * costs CPU on every ACK. 256 KiB keeps it <= 180 segments at MSS 1460. Connections in memif's 64 KiB
+ * segments get 1 MiB once established (16 segments; stack::TcpConnection::kLargeSendBuffer). */
 #define TCP_SND_BUF                     (256u * 1024u)
 /* Segments a pcb may queue: TCP_SND_BUF at the smallest useful MSS (536) x2 for partial segments. */
 #define TCP_SND_QUEUELEN                ((2u * TCP_SND_BUF) / 536u)

@@ -9,6 +9,7 @@
 #include "tests/support/checks.hpp"
 #include "tests/support/processes.hpp"
 #include "tests/support/tcp_roles.hpp"
+#include "stack/tcp.hpp"
 
 using namespace softrdma;
 using namespace softrdma::test;
@@ -54,6 +55,8 @@ TEST_CASE("256 MiB TCP stream over memif arrives intact", "[stack][memif]") {
     const double data = std::stod(field(out[0].report, "rx_frames")), acks = std::stod(field(out[0].report, "tx_frames"));
     INFO("receiver: " << data << " frames in, " << acks << " out");
     CHECK(acks * 3 < data);
+    // MTU-sized segments: lwIP's send buffer (TCP_SND_BUF) bounds what is in flight.
+    CHECK(std::stoull(field(out[1].report, "max_queued")) <= 256u * 1024u);
     WARN("memif stream: " << field(out[0].report, "MBps") << " MB/s, " << acks / data << " ACK frames per data frame");
 }
 
@@ -71,6 +74,11 @@ TEST_CASE("256 MiB TCP stream over memif in 64 KiB segments arrives intact", "[s
     INFO("receiver: " << data << " frames in");
     CHECK(data < 40000);
     CHECK(field(out[0].report, "rx_chained") == "0");
+    // A large-segment connection's send buffer is TcpConnection::kLargeSendBuffer (1 MiB), not lwIP's 256 KiB:
+    // more than 256 KiB goes unacknowledged at times (the receiver acknowledges every 256 KiB or 20 us).
+    const auto queued = std::stoull(field(out[1].report, "max_queued"));
+    CHECK(queued > 256u * 1024u);
+    CHECK(queued <= stack::TcpConnection::kLargeSendBuffer);
     WARN("memif stream, large segments: " << field(out[0].report, "MBps") << " MB/s, " << data << " frames in");
 }
 

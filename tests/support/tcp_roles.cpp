@@ -5,6 +5,7 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <cstring>
@@ -339,7 +340,9 @@ int stream_client(const PeerConfig& cfg, std::uint64_t bytes, unsigned connectio
         }
         std::vector<StreamSource*> again;
         std::size_t next_check = 0;
+        std::uint64_t max_queued = 0;  // bytes written and not yet acknowledged, most seen at a turn's end
         auto done = [&] {
+            max_queued = std::max(max_queued, env.stack->queued_bytes());
             again.swap(retry.waiting);  // writers refused for memory try again (they may re-queue)
             for (StreamSource* s : again) {
                 s->waiting = false;
@@ -351,6 +354,7 @@ int stream_client(const PeerConfig& cfg, std::uint64_t bytes, unsigned connectio
             return next_check == sources.size();
         };
         const bool ok = env.stack->run_until(done, 120s);
+        report("client max_queued=" + std::to_string(max_queued));
         for (auto& s : sources)
             if (!s->error.empty()) {
                 report("client stream error: " + s->error);
