@@ -211,7 +211,7 @@ private:
     // Zero-copy transmit: this connection's TX chunks, oldest first (a FIFO in chunks_[tx_head_ ..]); each
     // with the sequence number just past the last byte lwIP took from it. Sizing: the largest send buffer
     // (kLargeSendBuffer, 1 MiB) spans 17 chunks, + the one being filled, + the oldest still partly
-    // unacknowledged: 19 (static_assert in tcp.cpp); a full FIFO makes tx_buffer() say empty (copy instead).
+    // unacknowledged: 19 (static_assert below); a full FIFO makes tx_buffer() say empty (copy instead).
     struct TxChunk {
         std::int32_t id = -1;
         std::uint32_t end_seq = 0;
