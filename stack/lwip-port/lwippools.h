@@ -10,6 +10,9 @@ LWIP_MALLOC_MEMPOOL_START
 LWIP_MALLOC_MEMPOOL(8192, 256)
 /* One MSS-1460 segment of copied data. Rule: TCP_SND_BUF / 1460 (180) x 32 busy connections. */
 LWIP_MALLOC_MEMPOOL(5760, 1600)
-/* One MSS-8960 segment (9000-byte MTU). Rule: TCP_SND_BUF / 8960 (30) x 32 busy connections. */
+/* One MSS-8960 segment (9000-byte MTU). Rule: TCP_SND_BUF / 8960 (30) x 32 busy connections. Large-segment
+ * connections copy in these pieces too (TCP_COPY_WRITE_MAX) when no TX chunk is free, up to their 1 MiB send
+ * buffer (stack::TcpConnection::kLargeSendBuffer: 117 pieces): eight of them copying at once fill the pool,
+ * and the rest see tcp_write's ERR_MEM (TcpConnection::write: try again on a later turn). */
 LWIP_MALLOC_MEMPOOL(960, 9100)
 LWIP_MALLOC_MEMPOOL_END

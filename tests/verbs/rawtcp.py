@@ -36,6 +36,7 @@ Cases:
                   dropped), held 0.3 s, then opened: the READ response must arrive whole and correct (what was
                   dropped comes again at the server's retransmission timeout)
 """
+import itertools
 import os
 import random
 import select
@@ -46,7 +47,6 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import hostile  # noqa: E402  (the MPA/DDP/RDMAP encoders)
-import itertools  # noqa: E402
 
 ETH_P_ALL, ETH_P_IP, ETH_P_ARP = 0x0003, 0x0800, 0x0806
 PACKET_OUTGOING = 4
@@ -88,7 +88,6 @@ GOOD_SHAPES = ["plain", "options", "padded", "broadcast-mac"]
 # ...and drop these: a bad header checksum, a fragment (no reassembly: TCP never sends one), an IP total length
 # past the frame, a header length below 20 bytes, not version 4.
 BAD_SHAPES = ["bad-csum", "more-fragments", "offset", "long", "short-ihl", "version"]
-IP_SHAPES = GOOD_SHAPES + BAD_SHAPES
 
 
 class Link:
@@ -104,7 +103,7 @@ class Link:
         self.ip, self.srv_ip = socket.inet_aton(my_ip), socket.inet_aton(srv_ip)
         self.srv_mac = None
         self.ident = 0
-        self.shapes = None  # an iterator of IP_SHAPES names ip_send takes in turn (None: always plain)
+        self.shapes = None  # an iterator of GOOD_SHAPES names ip_send takes in turn (None: always plain)
 
     def frame(self, dst, etype, payload):
         self.sock.send(dst + self.mac + struct.pack("!H", etype) + payload)
@@ -120,7 +119,7 @@ class Link:
             self.poll(0.2)
 
     def ip_send(self, payload, shape=None):
-        """shape: one of IP_SHAPES (None: the next of self.shapes, or plain)."""
+        """shape: one of GOOD_SHAPES or BAD_SHAPES (None: the next of self.shapes, or plain)."""
         if shape is None:
             shape = next(self.shapes) if self.shapes is not None else "plain"
         self.ident = (self.ident + 1) & 0xFFFF
