@@ -82,6 +82,27 @@ TEST_CASE("256 MiB TCP stream over memif in 64 KiB segments arrives intact", "[s
     WARN("memif stream, large segments: " << field(out[0].report, "MBps") << " MB/s, " << data << " frames in");
 }
 
+// Many large-segment connections streaming at once want more than lwIP's heap pools hold: each may queue up to
+// its 1 MiB send buffer (TcpConnection::kLargeSendBuffer) of copied pieces, 117 of the 960 9100-byte entries
+// (stack/lwip-port/lwippools.h), so eight fill that pool. The rest must see tcp_write's ERR_MEM as
+// back-pressure, be retried when memory comes back (on ACKs), and every byte must still arrive.
+TEST_CASE("48 large-segment connections at once run lwIP's pools dry: writes refused, retried, every byte arrives",
+          "[stack][memif]") {
+    const auto [server, client] = large_segment_pair();
+    constexpr std::uint64_t bytes = 4ull << 20;
+    constexpr unsigned kConns = 48;
+    const auto out = run_stream(server, client, bytes, kConns);
+    check_outcomes(out);
+    INFO(out[0].report << "\n" << out[1].report);
+    CHECK(field(out[0].report, "rx_bytes") == std::to_string(kConns * bytes));
+    // The case this test is for: the pools ran dry (else it proves nothing; more connections would).
+    const std::string refused = field(out[1].report, "refused_for_memory");
+    REQUIRE(refused != "?");
+    CHECK(std::stoull(refused) > 0);
+    // What the pools allow in flight, well below what the send buffers would (48 MiB).
+    CHECK(std::stoull(field(out[1].report, "max_queued")) < 24ull << 20);
+}
+
 // The same through a bad link: 1 % of the client's frames in each direction dropped, duplicated, reordered,
 // delayed and corrupted; 64 KiB segments are lost, repeated and overtaken whole, and lwIP's out-of-order queue
 // and trimming work on whole-frame RX pbufs and on the duplicates (copies into chains of the port's 2 KiB

@@ -100,6 +100,7 @@ struct Acceptor : stack::TcpListener::Handler {
 // flight), so the driver loop retries exactly these each turn instead of polling every connection.
 struct RetryList {
     std::vector<struct StreamSource*> waiting;
+    std::uint64_t refusals = 0;  // writes lwIP refused for memory (tcp_write's ERR_MEM: its pools were dry)
 };
 
 // Sends one stream: seed, then `bytes` of pattern(seed) in chunks, then FIN. Kept small (the chunk buffer
@@ -164,6 +165,7 @@ struct StreamSource : TcpConnection::Handler {
         if (sent == total && conn->close()) fin_sent = true;
     }
     void wait_for_memory() {
+        if (retry != nullptr) ++retry->refusals;
         if (retry != nullptr && !waiting) {
             waiting = true;
             retry->waiting.push_back(this);
@@ -354,7 +356,8 @@ int stream_client(const PeerConfig& cfg, std::uint64_t bytes, unsigned connectio
             return next_check == sources.size();
         };
         const bool ok = env.stack->run_until(done, 120s);
-        report("client max_queued=" + std::to_string(max_queued));
+        report("client max_queued=" + std::to_string(max_queued) + " refused_for_memory=" +
+               std::to_string(retry.refusals));
         for (auto& s : sources)
             if (!s->error.empty()) {
                 report("client stream error: " + s->error);
