@@ -14,6 +14,7 @@
 #include <string_view>
 
 #include "verbs/engine.hpp"
+#include <softrdma/diagnostics.hpp>
 #include <softrdma/log.hpp>
 
 namespace softrdma::dropin {
@@ -29,7 +30,7 @@ constexpr const char* kKeys[] = {"backend",   "memif_socket", "memif_role",     
                                  "netmask",   "gateway",      "mac",             "mtu",           "threading",
                                  "hugepages", "lcores",       "max_qp",          "max_mr",        "link_timeout_ms",
                                  "progress_interval_us", "connect_retry_ms", "peer_to_peer", "crc", "log",
-                                 "keepalive_idle_ms", "keepalive_interval_ms", "keepalive_probes", "user_timeout_ms"};
+                                 "keepalive_idle_ms", "keepalive_interval_ms", "keepalive_probes", "user_timeout_ms", "stats"};
 
 bool known(const std::string& k) {
     for (const char* n : kKeys)
@@ -162,6 +163,9 @@ Settings read_settings() {
     const std::string p2p = get("peer_to_peer", "on");
     if (p2p != "on" && p2p != "off") throw std::runtime_error("peer_to_peer: on or off, not '" + p2p + "'");
     s.peer_to_peer = p2p == "on";
+    const std::string stats = get("stats", "off");
+    if (stats != "on" && stats != "off") throw std::runtime_error("stats: on or off, not '" + stats + "'");
+    s.stats = stats == "on";
     const std::string crc = get("crc", "off");
     if (crc == "preferred") s.crc = CrcPolicy::preferred;
     else if (crc == "required") s.crc = CrcPolicy::required;
@@ -233,7 +237,21 @@ void Runtime::shutdown() noexcept {
     if (progress_) progress_->join();
     mu_.lock();
     adopt();
+    if (settings_.stats) print_stats();
     ctx_.reset();
+}
+
+// One line on stderr: what the stack and the port moved, and how (key stats).
+void Runtime::print_stats() const noexcept {
+    const StackCounters s = verbs::diagnostics::stack(*ctx_);
+    const PortCounters p = verbs::diagnostics::port(*ctx_);
+    auto u = [](std::uint64_t v) { return static_cast<unsigned long long>(v); };
+    std::fflush(stdout);  // after the program's own output (exit() flushes stdio only after the atexit handlers)
+    std::fprintf(stderr,
+                 "softrdma: stats: frames rx %llu tx %llu (tx refused by the ring %llu, dropped %llu, deferred %llu); "
+                 "TCP payload copied by lwIP %llu, copied into mbufs %llu, sent from application memory %llu\n",
+                 u(s.rx_frames), u(s.tx_frames), u(p.tx_refused), u(s.tx_dropped), u(s.tx_deferred), u(s.tx_copied_in),
+                 u(s.tx_copied_out), u(s.tx_from_source));
 }
 
 void Runtime::adopt() noexcept { ctx_->impl().adopt_thread(); }

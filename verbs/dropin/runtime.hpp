@@ -35,7 +35,7 @@ namespace softrdma::dropin {
 // Keys (README "Unmodified verbs programs"): backend (memif | af_packet), memif_socket, memif_role (server |
 // client), iface, ip, netmask, gateway, mac, mtu, threading (run_to_completion | rx_thread), hugepages (auto |
 // on | off), lcores, max_qp, max_mr, link_timeout_ms, progress_interval_us, connect_retry_ms, peer_to_peer (on | off), log, crc (off |
-// preferred | required), keepalive_idle_ms, keepalive_interval_ms, keepalive_probes, user_timeout_ms. Throws std::runtime_error with the offending key on anything unknown or malformed, or
+// preferred | required), keepalive_idle_ms, keepalive_interval_ms, keepalive_probes, user_timeout_ms, stats (off | on). Throws std::runtime_error with the offending key on anything unknown or malformed, or
 // when nothing is configured at all.
 struct Settings {
     verbs::ContextConfig context;
@@ -54,6 +54,7 @@ struct Settings {
     // keepalive_interval_ms, keepalive_probes (0: off), user_timeout_ms (0: off)).
     verbs::Liveness liveness{};
     log::Level log{log::Level::warn};  // key log: the library's messages on stderr from this level up
+    bool stats{false};  // key stats (on | off): one line of counters on stderr at exit (Runtime::print_stats)
 };
 Settings read_settings();
 
@@ -104,6 +105,7 @@ private:
     static std::atomic<Runtime*> instance_;
 
     explicit Runtime(const Settings& s);
+    void print_stats() const noexcept;
     void progress_loop();
 
     Settings settings_;
