@@ -62,6 +62,22 @@ public:
     // once it differs (the chunk was freed, and may hold someone else's bytes now).
     std::uint32_t generation(std::int32_t chunk) const noexcept { return gen_[static_cast<std::size_t>(chunk)]; }
 
+    // Fair share (stack::TcpConnection::tx_buffer). Connections holding at least one chunk, each counted once
+    // (the holder says when it takes its first chunk and lets go of its last). A holder with bytes in flight
+    // takes no more than share() chunks, and none while the free list is empty: it waits for its own ACKs to
+    // free some instead of copying (a copied 64 KiB segment costs two more copies, and on a memif zero-copy
+    // client a ring of 2 KiB slots for one frame). The share leaves one share for a connection that holds none
+    // yet. Measured: stock ib_write_bw -q 16 (64 KiB) 4.5 GB/s when the connections past the tenth copied.
+    static constexpr std::uint32_t kMinShare = 2;
+    void add_holder() noexcept { ++holders_; }
+    void remove_holder() noexcept { --holders_; }
+    std::uint32_t holders() const noexcept { return holders_; }
+    std::uint32_t share() const noexcept {
+        const std::uint32_t s = count_ / (holders_ + 1);
+        return s > kMinShare ? s : kMinShare;
+    }
+    bool exhausted() const noexcept { return free_.empty(); }
+
     std::uint32_t size() const noexcept { return count_; }
     // The chunks' memory: [base(), base() + bytes()).
     const std::byte* base() const noexcept { return base_; }
@@ -81,6 +97,7 @@ private:
     rte_iova_t iova_ = RTE_BAD_IOVA;
     std::uint32_t count_ = 0;
     std::uint64_t acquired_ = 0;
+    std::uint32_t holders_ = 0;
     std::vector<rte_mbuf_ext_shared_info> shinfo_;  // one per chunk
     std::vector<std::int32_t> free_;                // capacity count_: push_back never allocates
     std::vector<std::uint32_t> gen_;                // one per chunk (generation())

@@ -173,6 +173,7 @@ std::size_t TcpConnection::write(std::span<const std::byte> data) noexcept {
 std::size_t TcpConnection::write_ref(std::span<const std::byte> data) noexcept { return write_flags(data, 0); }
 
 std::span<std::byte> TcpConnection::tx_buffer(std::size_t max, std::size_t fresh_start) noexcept {
+    tx_wait_ = false;
     io::TxArena* arena = stack_.port().tx_arena();
     if (arena == nullptr || pcb_ == nullptr || tx_staged() != 0) return {};
     max = std::min(max, io::TxArena::kUsable);
@@ -180,9 +181,17 @@ std::span<std::byte> TcpConnection::tx_buffer(std::size_t max, std::size_t fresh
         TxChunk& tail = tx_chunks_[(tx_head_ + tx_count_ - 1) % kTxChunks];
         if (io::TxArena::kUsable - tx_staged_end_ >= max) return arena->bytes(tail.id).subspan(tx_staged_end_, max);
     }
+    // A fresh chunk is wanted. Past this connection's share of the arena, or with none free, while the peer
+    // still has bytes of ours to acknowledge: wait for those ACKs (on_sent) to free chunks, not copy
+    // (io::TxArena::share). With nothing in flight no ACK would wake it: it copies then.
+    if (!nothing_in_flight() && (tx_count_ >= std::min(kTxChunks, arena->share()) || arena->exhausted())) {
+        tx_wait_ = true;
+        return {};
+    }
     if (tx_count_ == kTxChunks) return {};
     const std::int32_t id = arena->acquire();
     if (id < 0) return {};
+    if (tx_count_ == 0) arena->add_holder();
     tx_chunks_[(tx_head_ + tx_count_++) % kTxChunks] = TxChunk{id, 0, false};
     fresh_start = std::min<std::size_t>(fresh_start & ~std::size_t{63}, 4032);
     tx_pushed_end_ = tx_staged_end_ = fresh_start;  // lwIP is handed bytes from here on
@@ -205,6 +214,13 @@ std::size_t TcpConnection::tx_push() noexcept {
 void TcpConnection::release_tx_chunks(bool all) noexcept {
     if (tx_count_ == 0) return;
     io::TxArena* arena = stack_.port().tx_arena();
+    struct LastGoes {  // the arena's holder count follows this connection's first and last chunk
+        io::TxArena* arena;
+        const unsigned& count;
+        ~LastGoes() {
+            if (count == 0) arena->remove_holder();
+        }
+    } last_goes{arena, tx_count_};
     const std::uint32_t acked = pcb_ != nullptr ? pcb_->lastack : 0;
     while (tx_count_ != 0) {
         TxChunk& c = tx_chunks_[tx_head_];
@@ -304,6 +320,7 @@ bool TcpConnection::close() noexcept {
             ids[n++] = c.id;
             if (c.pushed) end_seq = c.end_seq;
         }
+        stack_.port().tx_arena()->remove_holder();  // the Stack holds them from here (not a share of its own)
         stack_.adopt_tx_chunks(pcb_, std::span<const std::int32_t>(ids).first(n), end_seq);
     }
     pcb_ = nullptr;

@@ -117,6 +117,10 @@ public:
     // `fresh_start`: where in a fresh chunk to begin (a multiple of 64 below 4 KiB, base::unaliased_start; the
     // bytes before it are never sent); chunks are 64 KiB-aligned, so it sets the bytes' page offsets.
     std::span<std::byte> tx_buffer(std::size_t max, std::size_t fresh_start = 0) noexcept;
+    // The last tx_buffer() said empty because this connection holds its share of the arena (or none is free)
+    // with bytes in flight: frame nothing now; on_sent() comes when ACKs free its chunks. Otherwise an empty
+    // tx_buffer() means: send with write() (a copy).
+    bool tx_waiting() const noexcept { return tx_wait_; }
     // The first `n` bytes of the last tx_buffer() hold bytes to send: they are staged.
     void tx_commit(std::size_t n) noexcept { tx_staged_end_ += n; }
     // Hands staged bytes to lwIP by reference (no copy); returns how many it took. Fewer than staged: the send
@@ -221,6 +225,7 @@ private:
     static_assert(kTxChunks >= (kLargeSendBuffer + io::TxArena::kUsable - 1) / io::TxArena::kUsable + 2);
     std::array<TxChunk, kTxChunks> tx_chunks_{};
     unsigned tx_head_ = 0, tx_count_ = 0;
+    bool tx_wait_ = false;  // tx_waiting()
     // In the newest chunk: bytes lwIP took, and the end of the staged ones (tx_pushed_end_ <= tx_staged_end_).
     std::size_t tx_pushed_end_ = 0, tx_staged_end_ = 0;
 };

@@ -149,6 +149,7 @@ bool TxHalf::pump(stack::TcpConnection& tcp) noexcept {
                 fresh_start = base::unaliased_start(np.src, mpa::kLengthFieldSize + np.hdr_len);
         std::span<std::byte> out = zero_copy_ ? tcp.tx_buffer(std::min(limit, space), fresh_start) : std::span<std::byte>();
         const bool in_place = !out.empty();
+        if (!in_place && tcp.tx_waiting()) break;  // its share of TX chunks in flight: on_sent schedules us again
         if (!in_place) out = std::span<std::byte>(buf_).first(std::min(buf_.size(), space));
         const std::uint64_t t0 = cycles_proto_ != nullptr ? cycles_now() : 0;
         const std::uint64_t framed0 = ep_->framed_bytes();

@@ -163,8 +163,11 @@ TEST_CASE("memif zero-copy client: WRITE and SEND out of it, READ and SEND into 
     if (zero_copy_possible()) exchange(0);
 }
 
-// Two TX chunks: most of what the client sends is copied by lwIP (tcp_write with copy, pieces of up to 8960
-// bytes) and leaves in frames of several mbufs each (2 KiB at MTU 1500). DPDK 22.11's zero-copy transmit
+// Two TX chunks: the client's connection holds both and waits for its ACKs to free them
+// (TcpConnection::tx_waiting); when an ACK has acknowledged everything but the driver still holds the chunks'
+// frames, nothing is in flight to wake it, so it copies (about a fifth of the stream): lwIP copies (tcp_write
+// with copy, pieces of up to 8960 bytes), and the segment leaves in frames of several mbufs each (2 KiB at MTU
+// 1500). DPDK 22.11's zero-copy transmit
 // mishandles a full ring when frames have more than one segment (io/port.hpp, Port::tx_burst): without the
 // workaround the client crashed here (3 of 3 runs).
 TEST_CASE("memif zero-copy client out of TX chunks: copied frames of several mbufs, every byte checked",
