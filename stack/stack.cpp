@@ -345,11 +345,16 @@ bool overlaps(const std::byte* dst, std::uint32_t dlen, const std::byte* a, std:
 }
 }  // namespace
 
+// (Records are of chunk memory only: a pbuf outside the arena, lwIP's own, overlaps none.)
 bool Stack::overlaps_fill(const pbuf* p) const noexcept {
     const FillBook& book = *fills_;
+    const io::TxArena& arena = *port_.tx_arena();  // (records exist only with an arena)
     for (const pbuf* q = p->next; q != nullptr; q = q->next) {
         const auto* a = static_cast<const std::byte*>(q->payload);
-        for (unsigned i = book.first(); i != book.end(); ++i) {
+        const std::int32_t c = arena.find(a);
+        if (c < 0) continue;
+        const FillBook::Range r = book.records_of(c);
+        for (unsigned i = r.from; i != r.to; ++i) {
             const FillBook::Fill& f = book.at(i);
             if (overlaps(f.dst, f.len, a, q->len) && book.live(f)) return true;
         }
@@ -360,9 +365,13 @@ bool Stack::overlaps_fill(const pbuf* p) const noexcept {
 // Settles every record a pbuf of `p` overlaps, whole (the bytes past the frame are owed anyway).
 void Stack::fill_overlapping(const pbuf* p) noexcept {
     FillBook& book = *fills_;
+    const io::TxArena& arena = *port_.tx_arena();
     for (const pbuf* q = p->next; q != nullptr; q = q->next) {
         const auto* a = static_cast<const std::byte*>(q->payload);
-        for (unsigned i = book.first(); i != book.end(); ++i) {
+        const std::int32_t c = arena.find(a);
+        if (c < 0) continue;
+        const FillBook::Range r = book.records_of(c);
+        for (unsigned i = r.from; i != r.to; ++i) {
             FillBook::Fill& f = book.at(i);
             if (overlaps(f.dst, f.len, a, q->len) && book.live(f)) book.settle(f);
         }
@@ -456,7 +465,8 @@ bool Stack::chain_deferred(rte_mbuf* head, pbuf* p, io::TxArena& arena, std::uin
         // The records are in stream order per connection; the live ones inside this pbuf (one connection's
         // chunk, one generation of it), in address order.
         const FillBook& book = *fills_;
-        for (unsigned i = book.first(); i != book.end() && a < end; ++i) {
+        const FillBook::Range r = book.records_of(c);
+        for (unsigned i = r.from; i != r.to && a < end; ++i) {
             const FillBook::Fill& f = book.at(i);
             if (!overlaps(f.dst, f.len, a, static_cast<std::size_t>(end - a)) || !book.live(f)) continue;
             std::byte* const d0 = std::max(f.dst, a);
