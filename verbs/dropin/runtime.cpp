@@ -142,7 +142,7 @@ Settings read_settings() {
     else if (hp != "auto") throw std::runtime_error("hugepages: auto, on or off, not '" + hp + "'");
     cc.eal.no_huge_memory_mb = 256;
     cc.eal.lcores = get("lcores", "");
-    cc.max_qp = static_cast<std::uint32_t>(number(kv, "max_qp", 64));
+    cc.max_qp = static_cast<std::uint32_t>(number(kv, "max_qp", 1024));  // as the C++ API (ContextConfig): perftest -q N, N QPs
     cc.max_mr = static_cast<std::uint32_t>(number(kv, "max_mr", 1024));
     s.progress_interval = std::chrono::microseconds(number(kv, "progress_interval_us", 500));
     s.connect_retry = std::chrono::milliseconds(number(kv, "connect_retry_ms", 5000));
