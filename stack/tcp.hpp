@@ -113,7 +113,8 @@ public:
     // ---- zero-copy transmit (the port's TX arena, io/tx_arena.hpp) ----
     // Room to build the next bytes to send in place: `max` bytes (at most io::TxArena::kUsable) at the tail of
     // this connection's TX chunk, or of a fresh chunk when the current one has less left. Empty when the port
-    // has no arena, no chunk is free, or bytes are still staged (push them first): send with write() then.
+    // has no arena, no chunk is free, the connection holds its share of the arena (io::TxArena::share), or bytes
+    // are still staged (push them first): wait when tx_waiting() says so, else send with write().
     // `fresh_start`: where in a fresh chunk to begin (a multiple of 64 below 4 KiB, base::unaliased_start; the
     // bytes before it are never sent); chunks are 64 KiB-aligned, so it sets the bytes' page offsets.
     std::span<std::byte> tx_buffer(std::size_t max, std::size_t fresh_start = 0) noexcept;
@@ -215,7 +216,8 @@ private:
     // Zero-copy transmit: this connection's TX chunks, oldest first (a FIFO in chunks_[tx_head_ ..]); each
     // with the sequence number just past the last byte lwIP took from it. Sizing: the largest send buffer
     // (kLargeSendBuffer, 1 MiB) spans 17 chunks, + the one being filled, + the oldest still partly
-    // unacknowledged: 19 (static_assert below); a full FIFO makes tx_buffer() say empty (copy instead).
+    // unacknowledged: 19 (static_assert below); a full FIFO makes tx_buffer() say empty (tx_waiting() with bytes
+    // in flight, else copy).
     struct TxChunk {
         std::int32_t id = -1;
         std::uint32_t end_seq = 0;
