@@ -343,39 +343,38 @@ namespace {
 bool overlaps(const std::byte* dst, std::uint32_t dlen, const std::byte* a, std::size_t len) noexcept {
     return dlen != 0 && dst < a + len && a < dst + dlen;
 }
-}  // namespace
 
-// (Records are of chunk memory only: a pbuf outside the arena, lwIP's own, overlaps none.)
-bool Stack::overlaps_fill(const pbuf* p) const noexcept {
-    const FillBook& book = *fills_;
-    const io::TxArena& arena = *port_.tx_arena();  // (records exist only with an arena)
+// Calls `f` on every live record that a pbuf of `p` (after its header pbuf) overlaps, until `f` says true;
+// whether it did. Records are of chunk memory only (a pbuf outside the arena, lwIP's own, overlaps none), and a
+// piece of one chunk looks only at that chunk's records (FillBook::records_of).
+template <class Book, class F>
+bool each_overlapping(Book& book, const io::TxArena& arena, const pbuf* p, F&& f) {
     for (const pbuf* q = p->next; q != nullptr; q = q->next) {
         const auto* a = static_cast<const std::byte*>(q->payload);
         const std::int32_t c = arena.find(a);
         if (c < 0) continue;
         const FillBook::Range r = book.records_of(c);
         for (unsigned i = r.from; i != r.to; ++i) {
-            const FillBook::Fill& f = book.at(i);
-            if (overlaps(f.dst, f.len, a, q->len) && book.live(f)) return true;
+            auto& rec = book.at(i);
+            if (overlaps(rec.dst, rec.len, a, q->len) && book.live(rec) && f(rec)) return true;
         }
     }
     return false;
+}
+}  // namespace
+
+// (Called with records pending, so the port has an arena.)
+bool Stack::overlaps_fill(const pbuf* p) const noexcept {
+    return each_overlapping(*fills_, *port_.tx_arena(), p, [](const FillBook::Fill&) { return true; });
 }
 
 // Settles every record a pbuf of `p` overlaps, whole (the bytes past the frame are owed anyway).
 void Stack::fill_overlapping(const pbuf* p) noexcept {
     FillBook& book = *fills_;
-    const io::TxArena& arena = *port_.tx_arena();
-    for (const pbuf* q = p->next; q != nullptr; q = q->next) {
-        const auto* a = static_cast<const std::byte*>(q->payload);
-        const std::int32_t c = arena.find(a);
-        if (c < 0) continue;
-        const FillBook::Range r = book.records_of(c);
-        for (unsigned i = r.from; i != r.to; ++i) {
-            FillBook::Fill& f = book.at(i);
-            if (overlaps(f.dst, f.len, a, q->len) && book.live(f)) book.settle(f);
-        }
-    }
+    each_overlapping(book, *port_.tx_arena(), p, [&book](FillBook::Fill& f) {
+        book.settle(f);
+        return false;
+    });
 }
 
 // lwIP's persist timer reads segment bytes (a zero-window probe copies one, a split copies the rest of the
