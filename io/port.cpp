@@ -604,7 +604,8 @@ void Port::start(const PortConfig& cfg) {
     // Zero-copy transmit sends each TCP segment as a chain: an mbuf with the headers, then the payload as an
     // external buffer in a TX chunk. Sizing rule: 32 connections with full send buffers (lwIP's TCP_SND_BUF,
     // 256 KiB = 4 chunks) + the chunk each is filling + one a finished segment may still pin = 6 each: 192
-    // (12 MiB). More connections than that send at full speed copy instead (TcpConnection::tx_buffer). With
+    // (12 MiB). More connections than that sending at full speed take turns (the share, io::TxArena::share, and
+    // the stack's chunk queue, TcpConnection::tx_buffer); they copy only when no chunk comes back. With
     // memif's large segments a connection's send buffer is 1 MiB (TcpConnection::kLargeSendBuffer, up to 19
     // chunks): 192 chunks then keep 10 connections' full send buffers in chunks.
     if (cfg.tx_zero_copy && (info.tx_offload_capa & RTE_ETH_TX_OFFLOAD_MULTI_SEGS) != 0) {

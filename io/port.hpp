@@ -108,6 +108,17 @@ public:
     void tx_release_held() noexcept {
         if (tx_faults_) [[unlikely]] tx_burst({});
     }
+    // Lets the driver free what the peer has finished reading without sending anything: a memif zero-copy
+    // client's driver keeps sent frames (and the TX chunks they reference) until a later tx_burst, so with
+    // nothing to send those chunks would stay out of the arena (stack::Stack wakes its chunk waiters with this
+    // when the arena is empty). No effect on other drivers. Same thread as tx_burst, through the same gate.
+    void reclaim_tx() noexcept {
+        if (!memif_zero_copy_ || own_server_path_) return;
+        tx_busy_.store(true);  // seq_cst, before reading open_: pairs with shut_gate()
+        rte_mbuf* none[1];
+        if (open_.load()) [[likely]] rte_eth_tx_burst(port_id_, 0, none, 0);  // frees, queues nothing
+        tx_busy_.store(false, std::memory_order_release);
+    }
 
     enum class CloseResult {
         clean,         // stopped and closed; the device is gone, the mbuf pool holds what it held before

@@ -79,6 +79,10 @@ public:
         return s > kMinShare ? s : kMinShare;
     }
     bool exhausted() const noexcept { return free_.empty(); }
+    std::uint32_t free_count() const noexcept { return static_cast<std::uint32_t>(free_.size()); }
+    // Chunks returned to the free list since construction: the stack's chunk waiters see from it whether any
+    // came back lately (stack::Stack, chunk queue).
+    std::uint64_t freed() const noexcept { return freed_; }
 
     std::uint32_t size() const noexcept { return count_; }
     // The chunks' memory: [base(), base() + bytes()).
@@ -92,6 +96,7 @@ private:
     static void free_cb(void* addr, void* opaque);
     void put(std::int32_t chunk) noexcept {
         ++gen_[static_cast<std::size_t>(chunk)];
+        ++freed_;
         free_.push_back(chunk);
     }
 
@@ -99,6 +104,7 @@ private:
     rte_iova_t iova_ = RTE_BAD_IOVA;
     std::uint32_t count_ = 0;
     std::uint64_t acquired_ = 0;
+    std::uint64_t freed_ = 0;
     std::uint32_t holders_ = 0;
     std::vector<rte_mbuf_ext_shared_info> shinfo_;  // one per chunk
     std::vector<std::int32_t> free_;                // capacity count_: push_back never allocates

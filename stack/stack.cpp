@@ -786,6 +786,7 @@ unsigned Stack::poll() noexcept {
         reorder_unsent();
     }
     flush_tx_inner();
+    wake_chunk_waiters(tsc);
     // No borrowed frame outlives the turn that received it (taken_at_once; the handlers keep nothing past their
     // call): one kept would hold its ring slot, and every later slot behind it, until something freed it.
     assert(port_.borrowed_out() == 0 && "a borrowed frame was kept past the stack turn that received it");
@@ -819,6 +820,72 @@ void Stack::send_owed_acks() noexcept {
     assert_owner();
     for (unsigned i = 0; i < ack_count_; ++i) ack_pending_[i]->send_deferred_ack(0, 0);
     ack_count_ = 0;
+}
+
+bool Stack::may_take_chunk(const TcpConnection& c) const noexcept {
+    const io::TxArena* arena = port_.tx_arena();
+    if (arena == nullptr || arena->exhausted()) return false;
+    if (c.chunk_grant_ == grant_turn_) return true;  // set aside for it this turn
+    return chunk_head_ == nullptr && arena->free_count() > grants_;
+}
+
+void Stack::queue_for_chunk(TcpConnection* c) noexcept {
+    if (c->chunk_queued_) return;
+    c->chunk_queued_ = true;
+    c->chunk_next_ = nullptr;
+    c->chunk_prev_ = chunk_tail_;
+    (chunk_tail_ != nullptr ? chunk_tail_->chunk_next_ : chunk_head_) = c;
+    chunk_tail_ = c;
+}
+
+void Stack::leave_chunk_queue(TcpConnection* c) noexcept {
+    if (!c->chunk_queued_) return;
+    (c->chunk_prev_ != nullptr ? c->chunk_prev_->chunk_next_ : chunk_head_) = c->chunk_next_;
+    (c->chunk_next_ != nullptr ? c->chunk_next_->chunk_prev_ : chunk_tail_) = c->chunk_prev_;
+    c->chunk_prev_ = c->chunk_next_ = nullptr;
+    c->chunk_queued_ = false;
+}
+
+void Stack::took_chunk(TcpConnection* c) noexcept {
+    if (c->chunk_grant_ == grant_turn_) {
+        c->chunk_grant_ = 0;
+        --grants_;
+    }
+    leave_chunk_queue(c);
+}
+
+// End of each turn, after the turn's frames went to the driver (which may have freed chunks): grants from the
+// last turn lapse (a woken connection had its pump in between); chunks now free are set aside for the waiters
+// at the head of the queue, one each, and those are woken. Nothing to do when nobody waits.
+void Stack::wake_chunk_waiters(std::uint64_t tsc) noexcept {
+    io::TxArena* arena = port_.tx_arena();
+    if (arena == nullptr) return;
+    ++grant_turn_;
+    grants_ = 0;
+    if (chunk_head_ == nullptr) {
+        chunk_progress_tsc_ = tsc;
+        chunks_stuck_ = false;
+        return;
+    }
+    if (arena->exhausted()) port_.reclaim_tx();  // chunks of frames the peer has read, if the driver holds any
+    if (arena->freed() != freed_seen_) {
+        freed_seen_ = arena->freed();
+        chunk_progress_tsc_ = tsc;
+    }
+    chunks_stuck_ = arena->exhausted() && tsc - chunk_progress_tsc_ >= kChunkStuckMs * tsc_per_ms_;
+    // Waiters are popped before their handler runs (which may close or destroy the connection).
+    std::uint32_t n = chunks_stuck_ ? ~0u : arena->free_count();
+    while (n != 0 && chunk_head_ != nullptr) {
+        TcpConnection* c = chunk_head_;
+        leave_chunk_queue(c);
+        if (c->pcb_ == nullptr || c->handler_ == nullptr) continue;  // closed: wants nothing any more
+        if (!chunks_stuck_) {  // stuck: wake every waiter, to copy if it has nothing in flight
+            c->chunk_grant_ = grant_turn_;
+            ++grants_;
+            --n;
+        }
+        c->handler_->on_tx_room(*c);
+    }
 }
 
 void Stack::cancel_ack(TcpConnection* conn) noexcept {

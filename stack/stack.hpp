@@ -159,6 +159,21 @@ public:
     void send_owed_acks() noexcept;
     void cancel_ack(TcpConnection* conn) noexcept;
 
+    // The chunk queue: connections waiting for a TX chunk of the port's arena (TcpConnection::tx_buffer), first
+    // come first served. When chunks come back, poll() sets one aside for each waiter at the head, for one
+    // turn, and wakes it (Handler::on_tx_room); a connection not at the head takes none while anyone waits. So
+    // past the arena's size (192 chunks, io::TxArena::share) streaming connections take turns instead of the
+    // unlucky ones copying every segment (ib_write_bw -q 256 copied 22-26 % of its bytes through lwIP and into
+    // mbufs). When the arena gives back no chunk for kChunkStuckMs (every chunk held by connections whose
+    // peers stopped acknowledging), waiters with nothing in flight copy instead (chunks_stuck()).
+    // No allocation: the queue is linked through the connections themselves.
+    bool may_take_chunk(const TcpConnection& c) const noexcept;
+    void queue_for_chunk(TcpConnection* c) noexcept;
+    void leave_chunk_queue(TcpConnection* c) noexcept;
+    void took_chunk(TcpConnection* c) noexcept;
+    bool chunks_stuck() const noexcept { return chunks_stuck_; }
+    static constexpr std::uint64_t kChunkStuckMs = 1;
+
     // TX chunks of a connection closed with bytes lwIP still references (TcpConnection::close): the Stack holds
     // them until the peer acknowledges `end_seq` (the sequence number past the last of those bytes), the pcb is
     // reset or gives up, or the Stack ends (which aborts such pcbs first). Control path (allocates a record).
@@ -256,6 +271,17 @@ private:
     std::uint64_t ack_delay_tsc_ = 1;
     TcpConnection* ack_pending_[kAckPending] = {};
     unsigned ack_count_ = 0;
+    // The chunk queue (may_take_chunk): its ends, the turn number grants are made in (a grant lasts until the
+    // next poll), chunks set aside this turn and not yet taken, and when a chunk last came back (or nobody
+    // waited).
+    void wake_chunk_waiters(std::uint64_t tsc) noexcept;
+    TcpConnection* chunk_head_ = nullptr;
+    TcpConnection* chunk_tail_ = nullptr;
+    std::uint64_t grant_turn_ = 1;
+    std::uint32_t grants_ = 0;
+    std::uint64_t freed_seen_ = 0;
+    std::uint64_t chunk_progress_tsc_ = 0;
+    bool chunks_stuck_ = false;
 };
 
 }  // namespace softrdma::stack

@@ -112,6 +112,7 @@ TcpConnection::TcpConnection(Stack& stack, tcp_pcb* pcb, Handler* handler, bool 
 TcpConnection::~TcpConnection() {
     if (pcb_ != nullptr) abort();
     release_tx_chunks(true);
+    stack_.leave_chunk_queue(this);
     if (ack_deferred_) stack_.cancel_ack(this);
     if (CallbackScope::conn == this) CallbackScope::destroyed = true;
 }
@@ -181,16 +182,28 @@ std::span<std::byte> TcpConnection::tx_buffer(std::size_t max, std::size_t fresh
         TxChunk& tail = tx_chunks_[(tx_head_ + tx_count_ - 1) % kTxChunks];
         if (io::TxArena::kUsable - tx_staged_end_ >= max) return arena->bytes(tail.id).subspan(tx_staged_end_, max);
     }
-    // A fresh chunk is wanted. Past this connection's share of the arena, or with none free, while the peer
-    // still has bytes of ours to acknowledge: wait for those ACKs (on_sent) to free chunks, not copy
-    // (io::TxArena::share). With nothing in flight no ACK would wake it: it copies then.
-    if (!nothing_in_flight() && (tx_count_ >= std::min(kTxChunks, arena->share()) || arena->exhausted())) {
+    // A fresh chunk is wanted. Past this connection's share of the arena while the peer still has bytes of ours
+    // to acknowledge: wait for those ACKs (on_sent) to free chunks, not copy (io::TxArena::share).
+    const bool in_flight = !nothing_in_flight();
+    if (in_flight && tx_count_ >= std::min(kTxChunks, arena->share())) {
         tx_wait_ = true;
         return {};
     }
     if (tx_count_ == kTxChunks) return {};
+    // None free, or others waiting first: join the chunk queue (on_tx_room when one is set aside for us). With
+    // nothing in flight, only while the arena still gives chunks back; else copy (Stack::chunks_stuck).
+    if (!stack_.may_take_chunk(*this)) {
+        if (in_flight || !stack_.chunks_stuck()) {
+            stack_.queue_for_chunk(this);
+            tx_wait_ = true;
+        } else {
+            stack_.leave_chunk_queue(this);
+        }
+        return {};
+    }
     const std::int32_t id = arena->acquire();
     if (id < 0) return {};
+    stack_.took_chunk(this);
     if (tx_count_ == 0) arena->add_holder();
     tx_chunks_[(tx_head_ + tx_count_++) % kTxChunks] = TxChunk{id, 0, false};
     fresh_start = std::min<std::size_t>(fresh_start & ~std::size_t{63}, 4032);

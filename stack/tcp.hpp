@@ -80,6 +80,9 @@ public:
         virtual void on_receive(TcpConnection&, RecvBuffer data) = 0;
         // `bytes` more of what we wrote were acknowledged: room to write again.
         virtual void on_sent(TcpConnection&, std::size_t /*bytes*/) {}
+        // A TX chunk is set aside for this connection, which waited for one (tx_waiting() in the Stack's chunk
+        // queue): frame again now, in this engine turn (the chunk is kept for it until the next turn).
+        virtual void on_tx_room(TcpConnection& c) { on_sent(c, 0); }
         // The peer closed its sending side (FIN): no more data will arrive.
         virtual void on_remote_close(TcpConnection&) {}
         // The connection is gone (lwIP has already freed its state); called once, never after close().
@@ -113,14 +116,16 @@ public:
     // ---- zero-copy transmit (the port's TX arena, io/tx_arena.hpp) ----
     // Room to build the next bytes to send in place: `max` bytes (at most io::TxArena::kUsable) at the tail of
     // this connection's TX chunk, or of a fresh chunk when the current one has less left. Empty when the port
-    // has no arena, no chunk is free, the connection holds its share of the arena (io::TxArena::share), or bytes
-    // are still staged (push them first): wait when tx_waiting() says so, else send with write().
+    // has no arena, the connection holds its share of the arena (io::TxArena::share), no chunk is free or
+    // others wait for one first (the Stack's chunk queue: FIFO, on_tx_room() when one is set aside for it), or
+    // bytes are still staged (push them first): wait when tx_waiting() says so, else send with write() -- with
+    // nothing in flight, only when the arena has given back no chunk for a millisecond (Stack::chunks_stuck).
     // `fresh_start`: where in a fresh chunk to begin (a multiple of 64 below 4 KiB, base::unaliased_start; the
     // bytes before it are never sent); chunks are 64 KiB-aligned, so it sets the bytes' page offsets.
     std::span<std::byte> tx_buffer(std::size_t max, std::size_t fresh_start = 0) noexcept;
-    // The last tx_buffer() said empty because this connection holds its share of the arena (or none is free)
-    // with bytes in flight: frame nothing now; on_sent() comes when ACKs free its chunks. Otherwise an empty
-    // tx_buffer() means: send with write() (a copy).
+    // The last tx_buffer() said empty because this connection holds its share of the arena with bytes in
+    // flight (on_sent() comes when ACKs free its chunks), or waits in the chunk queue (on_tx_room() or
+    // on_sent()): frame nothing now. Otherwise an empty tx_buffer() means: send with write() (a copy).
     bool tx_waiting() const noexcept { return tx_wait_; }
     // The first `n` bytes of the last tx_buffer() hold bytes to send: they are staged.
     void tx_commit(std::size_t n) noexcept { tx_staged_end_ += n; }
@@ -228,6 +233,12 @@ private:
     std::array<TxChunk, kTxChunks> tx_chunks_{};
     unsigned tx_head_ = 0, tx_count_ = 0;
     bool tx_wait_ = false;  // tx_waiting()
+    // The Stack's chunk queue (waiters for a TX chunk, oldest first): links, and the Stack's turn in which a
+    // chunk was set aside for this connection (Stack::grant_turn_; 0: none).
+    TcpConnection* chunk_prev_ = nullptr;
+    TcpConnection* chunk_next_ = nullptr;
+    bool chunk_queued_ = false;
+    std::uint64_t chunk_grant_ = 0;
     // In the newest chunk: bytes lwIP took, and the end of the staged ones (tx_pushed_end_ <= tx_staged_end_).
     std::size_t tx_pushed_end_ = 0, tx_staged_end_ = 0;
 };

@@ -234,6 +234,20 @@ inline std::vector<ChildOutcome> run_pair(const std::function<int(const PeerConf
 inline constexpr std::uint32_t kAll = verbs::access::local_write | verbs::access::remote_write |
                                verbs::access::remote_read | verbs::access::remote_atomic;
 
+// Cases with QPs of their own besides the Peer's: disconnects every id, waits (bounded) for their disconnected
+// events and the last ACKs, and drops the ids.
+inline void disconnect_all(verbs::Context& ctx, std::vector<std::unique_ptr<verbs::CmId>>& ids) {
+    for (auto& id : ids) id->disconnect();
+    std::size_t down = 0;
+    ctx.run_until([&] {
+        while (auto ev = ctx.get_cm_event())
+            if (ev->type == verbs::CmEventType::disconnected) ++down;
+        return down >= ids.size();
+    }, kWait);
+    ctx.run_until([] { return false; }, 50ms);
+    ids.clear();
+}
+
 // Throws naming the first WR that did not succeed.
 inline void expect_ok(const std::vector<verbs::WorkCompletion>& wcs) {
     for (const auto& w : wcs)

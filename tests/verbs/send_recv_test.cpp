@@ -186,17 +186,6 @@ TEST_CASE("a burst right after the first FPDU: every message arrives across the 
 }
 
 TEST_CASE("an SRQ shared by two QPs, with its limit event", "[verbs][memif]") {
-    auto end_all = [](verbs::Context& ctx, std::vector<std::unique_ptr<verbs::CmId>>& ids) {
-        for (auto& id : ids) id->disconnect();
-        unsigned down = 0;
-        ctx.run_until([&] {
-            while (auto ev = ctx.get_cm_event())
-                if (ev->type == verbs::CmEventType::disconnected) ++down;
-            return down >= ids.size();
-        }, kWait);
-        ctx.run_until([] { return false; }, 50ms);
-        ids.clear();
-    };
     auto server = [&](const PeerConfig& cfg) {
         Peer p(cfg, 4096, verbs::access::local_write);
         auto srq = p.pd->create_srq({.max_wr = 16});
@@ -236,7 +225,7 @@ TEST_CASE("an SRQ shared by two QPs, with its limit event", "[verbs][memif]") {
         if (p.ctx->get_async_event() || srq->posted() != 2 || srq->limit() != 0)
             throw std::runtime_error("limit event not once / posted count");
         report("SRQ: 6 receives over 2 QPs, limit event at 3 < 4");
-        end_all(*p.ctx, ids);
+        disconnect_all(*p.ctx, ids);
         for (auto& q : qps) q.reset();
         srq.reset();
         p.disconnected = true;
