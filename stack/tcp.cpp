@@ -112,7 +112,7 @@ TcpConnection::TcpConnection(Stack& stack, tcp_pcb* pcb, Handler* handler, bool 
 TcpConnection::~TcpConnection() {
     if (pcb_ != nullptr) abort();
     release_tx_chunks(true);
-    stack_.leave_chunk_queue(this);
+    if (chunk_queued_) stack_.leave_chunk_queue(this);
     if (ack_deferred_) stack_.cancel_ack(this);
     if (CallbackScope::conn == this) CallbackScope::destroyed = true;
 }
