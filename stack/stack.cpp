@@ -649,13 +649,51 @@ void Stack::drop_tx_queue() noexcept {
 bool Stack::taken_at_once(const rte_mbuf* m) noexcept {
     const TcpFrame v = parse_tcp_frame(rte_pktmbuf_mtod(m, const std::byte*), m->pkt_len);
     if (!v.valid || m->data_len < v.hdr_len) return false;
-    for (const tcp_pcb* pcb = tcp_active_pcbs; pcb != nullptr; pcb = pcb->next) {
-        if (pcb->remote_port != v.src_port || pcb->local_port != v.dst_port ||
-            ip4_addr_get_u32(ip_2_ip4(&pcb->remote_ip)) != v.src_ip_be)
-            continue;
-        return pcb->state == ESTABLISHED && pcb->refused_data == nullptr && !seq_after(v.seq, pcb->rcv_nxt);
+    // Only a connection of ours can be ESTABLISHED (close() leaves it, an accepted or connected pcb gets its
+    // connection at once): the table finds it.
+    const tcp_pcb* pcb = established(v.src_ip_be, v.src_port, v.dst_port);
+    return pcb != nullptr && pcb->state == ESTABLISHED && pcb->refused_data == nullptr &&
+           !seq_after(v.seq, pcb->rcv_nxt);
+}
+
+std::size_t Stack::conn_bucket(std::uint32_t remote_ip_be, std::uint16_t remote_port,
+                               std::uint16_t local_port) noexcept {
+    const std::uint64_t k = (std::uint64_t{remote_ip_be} << 32) ^ (std::uint64_t{remote_port} << 16) ^ local_port;
+    return static_cast<std::size_t>((k * 0x9e3779b97f4a7c15ull) >> 53) & (kConnBuckets - 1);
+}
+
+void Stack::list_connection(TcpConnection* c) noexcept {
+    if (c->tabled_ || c->pcb_ == nullptr) return;
+    const tcp_pcb* pcb = c->pcb_;
+    c->table_bucket_ = static_cast<std::uint32_t>(
+        conn_bucket(ip4_addr_get_u32(ip_2_ip4(&pcb->remote_ip)), pcb->remote_port, pcb->local_port));
+    TcpConnection*& head = conn_table_[c->table_bucket_];
+    c->table_next_ = head;
+    head = c;
+    c->tabled_ = true;
+}
+
+void Stack::unlist_connection(TcpConnection* c) noexcept {
+    if (!c->tabled_) return;
+    for (TcpConnection** at = &conn_table_[c->table_bucket_]; *at != nullptr; at = &(*at)->table_next_)
+        if (*at == c) {
+            *at = c->table_next_;
+            break;
+        }
+    c->table_next_ = nullptr;
+    c->tabled_ = false;
+}
+
+const tcp_pcb* Stack::established(std::uint32_t remote_ip_be, std::uint16_t remote_port,
+                                  std::uint16_t local_port) const noexcept {
+    for (const TcpConnection* c = conn_table_[conn_bucket(remote_ip_be, remote_port, local_port)]; c != nullptr;
+         c = c->table_next_) {
+        const tcp_pcb* pcb = c->pcb_;
+        if (pcb != nullptr && pcb->remote_port == remote_port && pcb->local_port == local_port &&
+            ip4_addr_get_u32(ip_2_ip4(&pcb->remote_ip)) == remote_ip_be)
+            return pcb;
     }
-    return false;
+    return nullptr;
 }
 
 // wire -> lwIP. Ownership: the mbuf comes from the port (ours); each segment is wrapped in an RxPbuf and

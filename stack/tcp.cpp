@@ -113,6 +113,7 @@ TcpConnection::~TcpConnection() {
     if (pcb_ != nullptr) abort();
     release_tx_chunks(true);
     if (chunk_queued_) stack_.leave_chunk_queue(this);
+    if (tabled_) stack_.unlist_connection(this);
     if (ack_deferred_) stack_.cancel_ack(this);
     if (CallbackScope::conn == this) CallbackScope::destroyed = true;
 }
@@ -430,6 +431,7 @@ err_t TcpConnection::on_connected_cb(void* arg, tcp_pcb* pcb, err_t) {
     self->connected_ = true;
     seed_rto(pcb);
     size_send_buffer(pcb);
+    self->stack_.list_connection(self);
     self->handler_->on_connected(*self);
     return scope.result();
 }
@@ -512,6 +514,7 @@ err_t TcpListener::on_accept_cb(void* arg, tcp_pcb* pcb, err_t err) {
     seed_rto(pcb);
     size_send_buffer(pcb);
     conn->attach();
+    self->stack_.list_connection(conn.get());
     CallbackScope scope(pcb, conn.get());
     self->handler_.on_accept(std::move(conn));  // dropping it aborts: scope then says ERR_ABRT
     return scope.result();

@@ -233,6 +233,11 @@ private:
     std::array<TxChunk, kTxChunks> tx_chunks_{};
     unsigned tx_head_ = 0, tx_count_ = 0;
     bool tx_wait_ = false;  // tx_waiting()
+    // The Stack's connection table (Stack::established): the next in this connection's bucket, and whether it
+    // is listed (from on_connected / accept until the destructor).
+    TcpConnection* table_next_ = nullptr;
+    std::uint32_t table_bucket_ = 0;  // its key's bucket, taken when listed (the pcb may be gone at the end)
+    bool tabled_ = false;
     // The Stack's chunk queue (waiters for a TX chunk, oldest first): links, and the Stack's turn in which a
     // chunk was set aside for this connection (Stack::grant_turn_; 0: none).
     TcpConnection* chunk_prev_ = nullptr;

@@ -254,6 +254,16 @@ TEST_CASE("memif zero-copy client: 6 QPs streaming through 3 TX chunks take turn
             if (wc.status != WcStatus::success) throw std::runtime_error("a QP's closing SEND failed");
         for (std::size_t i = 0; i < kQps; ++i)
             expect_pattern(2000 + i, std::span(p.buf).subspan(i * 65536, kLen), "WRITE", static_cast<int>(i));
+        if (p.ctx->impl().port().borrowing() && p.ctx->threading_mode() == ThreadingMode::run_to_completion) {
+            // Every connection's large frames were read where the client wrote them: each found its connection
+            // established and in order (Stack::established; a frame not found is copied first).
+            const PortCounters pc = verbs::diagnostics::port(*p.ctx);
+            const StackCounters sc = verbs::diagnostics::stack(*p.ctx);
+            if (pc.rx_borrowed < kQps * kRepeat || sc.rx_unborrowed != 0)
+                throw std::runtime_error("borrowed " + std::to_string(pc.rx_borrowed) + ", copied first " +
+                                         std::to_string(sc.rx_unborrowed));
+            report("borrowed " + std::to_string(pc.rx_borrowed) + " frames");
+        }
         disconnect_all(*p.ctx, ids);
         qps.clear();
         p.disconnected = true;
