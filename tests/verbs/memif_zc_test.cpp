@@ -10,10 +10,12 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <thread>
 #include <vector>
 #include <stdexcept>
 
 #include "io/eal.hpp"
+#include "io/tx_arena.hpp"
 #include "tests/verbs/fixture.hpp"
 
 using namespace softrdma;
@@ -200,7 +202,9 @@ void full_ring_stream(std::uint32_t tx_chunks, bool tx_arena, bool copies) {
         const StackCounters sc = verbs::diagnostics::stack(*p.ctx);
         report("copied into mbufs " + std::to_string(sc.tx_copied_out) + " bytes");
         if (copies && sc.tx_copied_out == 0) throw std::runtime_error("nothing was copied into mbufs");
-        if (!copies && sc.tx_copied_out > kLen)  // a lone control message may be; no stream segment
+        // Control messages only in a plain build; a slow peer (sanitizers) may let a waiter see no chunk come
+        // back for 1 ms and copy (Stack::chunks_stuck): a tenth of the stream is allowed.
+        if (!copies && sc.tx_copied_out > kRepeat * kCount * kLen / 10)
             throw std::runtime_error("copied " + std::to_string(sc.tx_copied_out) + " bytes into mbufs");
         return p.end(0);
     };
@@ -318,9 +322,118 @@ TEST_CASE("memif zero-copy client: 6 QPs streaming through 3 TX chunks take turn
         const StackCounters sc = verbs::diagnostics::stack(*p.ctx);
         report("copied into mbufs " + std::to_string(sc.tx_copied_out) + " bytes, chunks taken " +
                std::to_string(p.ctx->impl().port().tx_arena()->acquired()));
-        if (sc.tx_copied_out > kLen)  // a lone control message may be; no stream segment
+        // Nothing of the streams in a plain build (control messages: ~400 bytes); the old libraries copied 8.2
+        // MB (43 %). Under TSan with the RX thread the server once acknowledged nothing for over 1 ms, and
+        // waiters copied ~1.5 segments as they should then (Stack::chunks_stuck): a tenth is allowed.
+        if (sc.tx_copied_out > kQps * kRepeat * kLen / 10)
             throw std::runtime_error("copied " + std::to_string(sc.tx_copied_out) + " bytes into mbufs");
         // Until the server disconnects.
+        disconnect_all(*p.ctx, ids);
+        qps.clear();
+        p.disconnected = true;
+        return p.end(0);
+    };
+    run_memif_pair(server, client);
+}
+
+// Every TX chunk held by connections whose peer does not acknowledge (here: the server sleeps 1 s without
+// polling): a connection with nothing in flight waits in the chunk queue only while chunks come back; once
+// none has for a millisecond (Stack::chunks_stuck) it copies its message instead of waiting for the peer.
+// After the client's go (the server sleeps from its arrival on), three QPs with two WRITEs of 65000 bytes each
+// take the client's three chunks; a fourth QP's 4 KiB SEND must
+// then be copied through lwIP (tx_copied_in) within 400 ms of its post, while the server still sleeps (waiting
+// for a chunk it would go only after the sleep, with nothing copied); then everything arrives, every byte
+// checked.
+TEST_CASE("memif zero-copy client: with every TX chunk held by an unacknowledging peer, a quiet QP copies after 1 ms",
+          "[verbs][memif][zero-copy]") {
+    if (!zero_copy_possible()) return;
+    constexpr std::size_t kQps = 4, kLen = 65000, kSend = 4096, kRegion = kQps * 65536 + 64;
+    auto server = [&](const PeerConfig& cfg) {
+        Peer p(cfg, kRegion, kAll);
+        std::vector<std::unique_ptr<verbs::QueuePair>> qps;
+        std::vector<std::unique_ptr<verbs::CmId>> ids;
+        p.listener = p.ctx->listen(cfg.tcp_port);
+        const RemoteRegion me = p.local();
+        for (std::size_t i = 0; i < kQps; ++i) {
+            qps.push_back(p.pd->create_qp({.send_cq = p.cq.get(), .recv_cq = p.cq.get()}));
+            // QP 0: the client's go first; QP 3: the quiet QP's SEND; QPs 0-2: the client's word after its
+            // WRITEs on that QP.
+            if (i == 0) {
+                const verbs::Sge g = p.mr->sge(kQps * 65536 + 32, 8);
+                const verbs::RecvWr r{.wr_id = 100, .sg_list = {&g, 1}};
+                if (!qps.back()->post_recv({&r, 1}).ok()) throw std::runtime_error("post_recv");
+            }
+            const verbs::Sge s = i == 3 ? p.mr->sge(3 * 65536, kSend) : p.mr->sge(kQps * 65536, 8);
+            const verbs::RecvWr r{.wr_id = i, .sg_list = {&s, 1}};
+            if (!qps.back()->post_recv({&r, 1}).ok()) throw std::runtime_error("post_recv");
+            auto ev = p.wait_event(verbs::CmEventType::connect_request);
+            verbs::ConnParam cp = p.conn;
+            cp.private_data = as_bytes(me);
+            if (!ev.request->accept(*qps.back(), cp)) throw std::runtime_error("accept");
+            ids.push_back(std::move(ev.request));
+            p.wait_event(verbs::CmEventType::established);
+        }
+        if (p.wait_wc(1, kLong)[0].wr_id != 100) throw std::runtime_error("not the client's go");
+        std::this_thread::sleep_for(1000ms);  // no polling: nothing of the client's is acknowledged meanwhile
+        for (const auto& wc : p.wait_wc(kQps, kLong))
+            if (wc.status != WcStatus::success) throw std::runtime_error("a receive failed");
+        for (std::size_t i = 0; i < 3; ++i)
+            expect_pattern(3000 + i, std::span(p.buf).subspan(i * 65536, kLen), "WRITE", static_cast<int>(i));
+        expect_pattern(3003, std::span(p.buf).subspan(3 * 65536, kSend), "quiet QP's SEND", 3);
+        disconnect_all(*p.ctx, ids);
+        qps.clear();
+        p.disconnected = true;
+        return p.end(0);
+    };
+    auto client = [&](const PeerConfig& base) {
+        Peer p(zero_copy_client(base, 3), kRegion, kAll);
+        if (!p.ctx->impl().port().memif_zero_copy()) throw std::runtime_error("zero-copy is off");
+        std::vector<std::unique_ptr<verbs::QueuePair>> qps;
+        std::vector<std::unique_ptr<verbs::CmId>> ids;
+        RemoteRegion remote{};
+        const RemoteRegion me = p.local();
+        for (std::size_t i = 0; i < kQps; ++i) {
+            qps.push_back(p.pd->create_qp({.send_cq = p.cq.get(), .recv_cq = p.cq.get()}));
+            verbs::ConnParam cp = p.conn;
+            cp.private_data = as_bytes(me);
+            ids.push_back(p.ctx->connect(base.peer, base.tcp_port, *qps.back(), cp));
+            remote = region_from(p.wait_event(verbs::CmEventType::established).private_data);
+            fill_pattern(3000 + i, 0, std::span(p.buf).subspan(i * 65536, i == 3 ? kSend : kLen));
+        }
+        auto post = [&](std::size_t qp, const verbs::SendWr& wr) {
+            if (!qps[qp]->post_send({&wr, 1}).ok()) throw std::runtime_error("post_send");
+        };
+        // Go: the server sleeps from its arrival on (its ACK may never leave: QP 0 then holds a chunk for it).
+        const verbs::Sge g = p.mr->sge(kQps * 65536 + 32, 8);
+        post(0, {.wr_id = 100, .opcode = verbs::WrOpcode::send, .send_flags = verbs::send_flags::signaled,
+                 .sg_list = {&g, 1}});
+        p.ctx->run_until([] { return false; }, 50ms);
+        for (std::size_t i = 0; i < 3; ++i)
+            for (int k = 0; k < 2; ++k) {
+                const verbs::Sge w = p.mr->sge(i * 65536, static_cast<std::uint32_t>(kLen));
+                post(i, {.wr_id = i, .opcode = verbs::WrOpcode::rdma_write, .send_flags = verbs::send_flags::signaled,
+                         .sg_list = {&w, 1}, .rdma = {remote.addr + i * 65536, remote.rkey}});
+            }
+        const io::TxArena* arena = p.ctx->impl().port().tx_arena();
+        if (!p.ctx->run_until([&] { return arena->exhausted(); }, 300ms))
+            throw std::runtime_error("the WRITEs did not take every TX chunk: " + std::to_string(arena->in_use()));
+        const std::uint64_t copied0 = verbs::diagnostics::stack(*p.ctx).tx_copied_in;
+        const verbs::Sge s = p.mr->sge(3 * 65536, kSend);
+        const auto t0 = std::chrono::steady_clock::now();
+        post(3, {.wr_id = 3, .opcode = verbs::WrOpcode::send, .send_flags = verbs::send_flags::signaled,
+                 .sg_list = {&s, 1}});
+        const bool copied = p.ctx->run_until(
+            [&] { return verbs::diagnostics::stack(*p.ctx).tx_copied_in >= copied0 + kSend; }, 400ms);
+        const auto waited = std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0);
+        if (!copied) throw std::runtime_error("the quiet QP's SEND was not copied within 400 ms");
+        report("quiet QP copied its SEND after " + std::to_string(waited.count()) + " us");
+        p.wait_wc(8, kLong);  // go, six WRITEs and the SEND, once the server polls again
+        for (std::size_t i = 0; i < 3; ++i) {
+            const verbs::Sge c = p.mr->sge(kQps * 65536, 8);
+            post(i, {.wr_id = 10 + i, .opcode = verbs::WrOpcode::send, .send_flags = verbs::send_flags::signaled,
+                     .sg_list = {&c, 1}});
+        }
+        p.wait_wc(3, kLong);
         disconnect_all(*p.ctx, ids);
         qps.clear();
         p.disconnected = true;
