@@ -60,6 +60,16 @@ struct Emitter {
     }
 };
 
+// An FPDU without Markers or CRC: its length field and ULPDU header; returns where the payload goes.
+std::byte* plain_head(std::byte* o, std::size_t ulpdu_len, std::span<const std::byte> ulpdu_header) {
+    put_be16(o, static_cast<std::uint16_t>(ulpdu_len));
+    o += kLengthFieldSize;
+    if (!ulpdu_header.empty()) std::memcpy(o, ulpdu_header.data(), ulpdu_header.size());
+    return o + ulpdu_header.size();
+}
+// ... and its pad and CRC field (0: CRC not in use), from just past the payload.
+void plain_tail(std::byte* o, std::size_t ulpdu_len) { std::memset(o, 0, pad_length(ulpdu_len) + kCrcFieldSize); }
+
 // Markers emitted while writing `len` FPDU octets from stream position pos (a Marker goes before any octet
 // that lands on a multiple of 512).
 std::size_t markers_in(std::uint64_t pos, std::size_t len) {
@@ -97,6 +107,17 @@ std::size_t FpduTx::write(std::span<std::byte> out, std::span<const std::byte> u
     const std::size_t total = wire_size(ulpdu_len);
     if (out.size() < total) return 0;
 
+    if (!markers_ && !crc_) {  // the octets back to back: no Marker can fall inside, no CRC to run along
+        std::byte* o = plain_head(out.data(), ulpdu_len, ulpdu_header);
+        for (const auto& piece : payload) {
+            base::copy_out(o, piece.data(), piece.size());  // into a TX chunk the peer reads: see base/copy.hpp
+            o += piece.size();
+        }
+        plain_tail(o, ulpdu_len);
+        pos_ += total;
+        return total;
+    }
+
     Emitter e{out.data(), pos_, pos_, markers_, crc_};
     std::byte len_field[kLengthFieldSize];
     put_be16(len_field, static_cast<std::uint16_t>(ulpdu_len));
@@ -122,12 +143,7 @@ std::size_t FpduTx::write_deferred(std::span<std::byte> out, std::span<const std
     if (ulpdu_len > kMaxUlpduLength) return 0;
     const std::size_t total = fpdu_size_unmarked(ulpdu_len);
     if (out.size() < total) return 0;
-    std::byte* o = out.data();
-    put_be16(o, static_cast<std::uint16_t>(ulpdu_len));
-    if (!ulpdu_header.empty()) std::memcpy(o + kLengthFieldSize, ulpdu_header.data(), ulpdu_header.size());
-    o += kLengthFieldSize + ulpdu_len;
-    const std::size_t pad = pad_length(ulpdu_len);
-    std::memset(o, 0, pad + kCrcFieldSize);  // pad, and the CRC field's 0 (CRC not in use)
+    plain_tail(plain_head(out.data(), ulpdu_len, ulpdu_header) + payload_len, ulpdu_len);
     pos_ += total;
     return total;
 }

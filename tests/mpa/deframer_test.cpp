@@ -319,6 +319,37 @@ TEST_CASE("fpdu: write_deferred leaves exactly the payload for the caller", "[fp
     CHECK(std::all_of(out.begin(), out.end(), [](std::byte x) { return x == std::byte{0xEE}; }));
 }
 
+// write() without CRC and Markers (its own path, the one small messages take): RFC 5044's layout built by
+// hand -- length, header, the pieces back to back, pad and CRC field zero -- at every pad length, from several
+// pieces (an empty one among them) and none, at a stream position that is not 0; nothing past the FPDU written.
+TEST_CASE("fpdu: without CRC or Markers, write() lays the FPDU out as RFC 5044 says", "[fpdu]") {
+    const std::byte hdr[18] = {std::byte{0x41}, std::byte{0x43}, std::byte{7}, std::byte{0x99}};
+    std::vector<std::byte> src(200);
+    for (std::size_t i = 0; i < src.size(); ++i) src[i] = static_cast<std::byte>(i * 13 + 5);
+    for (const std::size_t plen : {0u, 1u, 2u, 3u, 4u, 64u, 65u, 199u}) {
+        CAPTURE(plen);
+        const std::span<const std::byte> all(src.data(), plen);
+        const std::size_t cut = plen / 3;
+        const std::span<const std::byte> pieces[3] = {all.first(cut), all.subspan(cut, 0), all.subspan(cut)};
+        FpduTx tx({false, false, 1448}, 12);
+        const std::size_t ulpdu = sizeof hdr + plen;
+        // 2 + ULPDU rounded up to a multiple of 4, then the CRC field; every byte not set below stays 0.
+        std::vector<std::byte> want((2 + ulpdu + 3) / 4 * 4 + 4, std::byte{0});
+        want[0] = static_cast<std::byte>(ulpdu >> 8);
+        want[1] = static_cast<std::byte>(ulpdu & 0xff);
+        std::copy(std::begin(hdr), std::end(hdr), want.begin() + 2);
+        std::copy(all.begin(), all.end(), want.begin() + 2 + sizeof hdr);
+        std::vector<std::byte> out(want.size() + 8, std::byte{0xEE});
+        REQUIRE(tx.write(out, hdr, std::span<const std::span<const std::byte>>(pieces)) == want.size());
+        CHECK(std::equal(want.begin(), want.end(), out.begin()));
+        CHECK(std::all_of(out.begin() + static_cast<std::ptrdiff_t>(want.size()), out.end(),
+                          [](std::byte x) { return x == std::byte{0xEE}; }));
+        CHECK(tx.stream_position() == 12 + want.size());
+        CHECK(tx.write(std::span(out).first(want.size() - 1), hdr, std::span<const std::span<const std::byte>>(pieces)) == 0);
+        CHECK(tx.stream_position() == 12 + want.size());
+    }
+}
+
 TEST_CASE("deframer: every split point of a multi-FPDU stream, all modes", "[deframer]") {
     for (const auto& mode : kModes) {
         for (std::uint64_t offset : {0u, 4u, 508u}) {
