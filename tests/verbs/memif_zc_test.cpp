@@ -323,10 +323,16 @@ TEST_CASE("memif zero-copy client: 6 QPs streaming through 3 TX chunks take turn
         report("copied into mbufs " + std::to_string(sc.tx_copied_out) + " bytes, chunks taken " +
                std::to_string(p.ctx->impl().port().tx_arena()->acquired()));
         // Nothing of the streams in a plain build (control messages: ~400 bytes); the old libraries copied 8.2
-        // MB (43 %). Under TSan with the RX thread the server once acknowledged nothing for over 1 ms, and
-        // waiters copied ~1.5 segments as they should then (Stack::chunks_stuck): a tenth is allowed.
+        // MB (43 %); a tenth is allowed. Not checked under ThreadSanitizer: there the server, slowed several
+        // times over (and with the RX thread, sharing its core with its application thread), acknowledges
+        // nothing for over a millisecond again and again, and waiters copy then as they should
+        // (Stack::chunks_stuck): 98 KB on one host, 9.3 MB (49 %) on one whose thread switches take ~10 us.
+        // The plain and ASan builds run the check in both threading modes; under TSan the streams' bytes and
+        // every QP's last completion are still checked.
+#if !defined(__SANITIZE_THREAD__)
         if (sc.tx_copied_out > kQps * kRepeat * kLen / 10)
             throw std::runtime_error("copied " + std::to_string(sc.tx_copied_out) + " bytes into mbufs");
+#endif
         // Until the server disconnects.
         disconnect_all(*p.ctx, ids);
         qps.clear();
