@@ -80,7 +80,7 @@ private:
 // same state, so either can run any burst). DPDK 22.11's memif server always copies frames between the
 // client's ring buffers and its mbufs, with rte_memcpy compiled for SSE4.2 in Debian's build; this copies with
 // the C library's memcpy (AVX-512 / rep movsb here): 128-256 KiB SEND round trips 15-24 % shorter, 8 MiB
-// WRITEs 13 % faster (README, "The memif server's own copies"). And it trusts nothing the client wrote: every
+// WRITEs 13 % faster (bench/RESULTS.md, "The memif server's own copies"). And it trusts nothing the client wrote: every
 // descriptor is checked against the client's regions before a byte is read or written (the driver reads and
 // writes wherever a descriptor points), as are the ring indexes; a frame the client described outside its
 // memory, or larger than 64 KiB, is dropped and counted (peer_faults()).
@@ -110,8 +110,8 @@ public:
     // waits for each to be taken from that core, on the critical path of a reply. A hint only: nothing is
     // written, a posted buffer outside the client's memory is skipped (buffer_of), a broken ring index ends the
     // walk (tx() counts those faults, this does not). The copy of a 32 KiB reply 2.0 -> 1.1 us; SEND half round
-    // trip, memif, slow spell, medians of 4 interleaved rounds (README, "Taking the client's buffers before the
-    // reply"): 32 KiB 5.70 -> 5.28 us, 256 KiB 22.3 -> 21.2 us, 64 B and streams unchanged.
+    // trip, memif, slow spell, medians of 4 interleaved rounds (bench/RESULTS.md, "Taking the client's buffers
+    // before the reply"): 32 KiB 5.70 -> 5.28 us, 256 KiB 22.3 -> 21.2 us, 64 B and streams unchanged.
     // Threads: tx()'s thread (the walk's position is tx()'s state). Caller: base::cpu_has_prefetchw().
     void pre_own(unsigned max_lines) noexcept;
     // Sizing: the largest frame the stack sends (a 64 KiB TCP segment); lines further ahead would be taken from

@@ -62,7 +62,8 @@ constexpr std::uint32_t kStackHeldFrames = 4096;
 // the same ~36 buffers (2.3 MiB) come round, as memif_log2_ring's sizing assumes. Distinct buffers the memif
 // server wrote per 20000 frames of a 256 KiB SEND ping-pong: 511 -> 37 (a cache of 48: still 511). 256 KiB SEND
 // half round trip 25.5 / 25.3 / 26.4 -> 23.6 / 24.1 / 23.6 us, 128 KiB 15.0 / 15.2 / 15.3 -> 14.4 / 14.1 / 14.3
-// us, 32 KiB unchanged (slow spell, three interleaved rounds, 2026-11-30; README). The rule above counts each
+// us, 32 KiB unchanged (slow spell, three interleaved rounds, 2026-11-30; bench/RESULTS.md, "The zero-copy
+// client's RX buffers came round through the whole pool"). The rule above counts each
 // cache at its size (two cached threads: 480, so 511 mbufs; three: 1023); one briefly holds up to half again
 // as much, which the ring's waiting covers as above. So the cache is twice the ring (large_rx_cache: a refill
 // takes at most a ring). Other large RX pools take one mbuf at a time (the memif server's own receive, the

@@ -13,7 +13,7 @@ namespace {
 
 // With CRC, pieces this large go through base::copy_staged: the fused copy + CRC into a bounce buffer in this
 // core's cache, then a string copy (whole lines) into the TX chunk, instead of the fused loop's 16-byte stores
-// into the chunk, each waiting for its line from the peer's core (README, "4K aliasing in the copies the peer
+// into the chunk, each waiting for its line from the peer's core (bench/RESULTS.md, "4K aliasing in the copies the peer
 // reads"). The source is read once, so the CRC covers exactly the bytes sent even if the application rewrites
 // its buffer meanwhile.
 constexpr std::size_t kCrcStagedMin = 1024;

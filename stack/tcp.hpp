@@ -109,7 +109,7 @@ public:
     // The send buffer (bytes written and not yet acknowledged) of a connection whose segments are larger than
     // an MTU 9000 one (memif's large segments, StackConfig::large_segments), set when it is established; other
     // connections keep lwIP's TCP_SND_BUF (256 KiB). 256 KiB is four large segments, ~10 us of a 25 GB/s
-    // stream: the receiver's placement copies ran short of it (Results, "A send buffer of 1 MiB for large
+    // stream: the receiver's placement copies ran short of it (bench/RESULTS.md, "A send buffer of 1 MiB for large
     // segments"). Why not for every connection: lwipopts.h, TCP_SND_BUF.
     static constexpr std::uint32_t kLargeSendBuffer = 1024 * 1024;
 

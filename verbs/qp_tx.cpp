@@ -85,7 +85,7 @@ void TxHalf::start(rdmap::Upper& upper, const mpa::Agreed& agreed, std::uint32_t
 // outlive the source's loan (stack::Stack::defer_fill, stack::FillBook): in a stream most are acknowledged
 // first, so a payload byte is copied once on this side (memif's, into its ring) instead of twice. 64 KiB WRITE
 // 18321 -> 21220 MiB/s, 8 MiB 12038 -> 12298 (receiver-bound), medians of eight interleaved rounds
-// (2026-11-27; README "Sending from the source"). A lone message (nothing in flight, `lone`): its
+// (2026-11-27; bench/RESULTS.md, "Sending from the source"). A lone message (nothing in flight, `lone`): its
 // batches go out in this one call, each sent before the next is framed, so the peer starts on the first frame
 // a copy earlier. SEND half round trip (2026-11-27, interleaved with the commit before, three rounds): 32 KiB
 // 2.51-2.71 vs 2.79-2.98 us, 128 KiB 6.65-6.77 vs 7.48-7.76 us.

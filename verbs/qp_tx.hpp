@@ -90,7 +90,8 @@ private:
     // whole words, so two FPDUs of 32672 bytes fill one. Each FPDU costs its framing, a DDP header to check
     // and a placement step on both sides whatever its size: with large segments, 32672-byte FPDUs against
     // 8960-byte ones took the SEND half round trip at 32 KiB / 64 KiB / 256 KiB / 1 MiB from 4.52 / 6.91 /
-    // 19.86 / 82.6 us to 3.71 / 5.59 / 15.1 / 55.7 us (slow spell, interleaved, 2026-11-30; README).
+    // 19.86 / 82.6 us to 3.71 / 5.59 / 15.1 / 55.7 us (slow spell, interleaved, 2026-11-30; bench/RESULTS.md,
+    // "FPDUs of half a large segment").
     static constexpr std::uint32_t kCopyBatchMax = 8960;
     static constexpr std::uint32_t fpdu_limit(std::uint32_t emss) noexcept {
         return emss <= kCopyBatchMax ? emss : std::max(kCopyBatchMax, (emss / 2) & ~3u);

@@ -102,7 +102,7 @@ struct PortConfig {
     // memif client only, on by default: DPDK memif's zero-copy mode. The client's own mbufs are the ring's
     // buffers: the server copies a frame straight into an mbuf the client then receives as it is (no copy out
     // of the ring), and takes what the client sends straight from the client's mbufs and TX chunks (no copy
-    // into the ring). One copy per frame instead of two, in both directions (README, "memif zero-copy
+    // into the ring). One copy per frame instead of two, in both directions (bench/RESULTS.md, "memif zero-copy
     // client"). Needs hugepages (EAL's single-file segments); without them the port copies, and says so once.
     // On the zero-copy side payload is framed into TX chunks, not sent from application memory (memif can
     // only point the peer at DPDK's own memory), and the driver keeps up to one ring of RX mbufs and one of
@@ -118,7 +118,7 @@ struct PortConfig {
     // mbufs itself, with the C library's memcpy, instead of through DPDK 22.11's memif driver (whose copies,
     // in Debian's SSE4.2 build, were most of a memif server's time), and checks every descriptor the client
     // wrote against the client's shared memory first (the driver does not: a wrong descriptor made it read or
-    // write elsewhere in this process). 128-256 KiB round trips 15-24 % shorter (README, "The memif server's
+    // write elsewhere in this process). 128-256 KiB round trips 15-24 % shorter (bench/RESULTS.md, "The memif server's
     // own copies"). false: the driver's bursts. Ignored by a client.
     bool memif_own_server_path = true;
     // memif server with large frames (memif_large_frames, or ContextConfig::large_segments) and its own path,
@@ -126,14 +126,14 @@ struct PortConfig {
     // ring. Its first 256 bytes (every header TCP/IP reads) are copied, the rest is read where the client wrote
     // it, through this process's own mapping of the client's memory, and each ring slot goes back to the
     // client once its frame has been placed (io::detail::MemifServerPath, "Borrowed receive"): 8 MiB streams
-    // 10-13 % faster (README, "Reading frames in place"). A segment TCP would keep out of order is copied
+    // 10-13 % faster (bench/RESULTS.md, "Reading frames in place"). A segment TCP would keep out of order is copied
     // first. Off with an RX thread (the engine turns it off) and with fault injection on this port.
     bool memif_borrow_rx = true;
     // memif server with its own path, on CPUs with PREFETCHW: while the stack has nothing to do, the lines of
     // the buffers the client posted for our next frames are taken for writing (prefetchw), so the copy of a
     // reply into them does not wait for each line to come from the client's core, which read it last
     // (io::detail::MemifServerPath::pre_own). A 32 KiB reply's copy 2.0 -> 1.1 us, its SEND half round trip
-    // 5.70 -> 5.28 us in a slow spell (README, "Taking the client's buffers before the reply").
+    // 5.70 -> 5.28 us in a slow spell (bench/RESULTS.md, "Taking the client's buffers before the reply").
     bool memif_pre_own = true;
     // Write every frame sent and received to this pcap file (tshark/Wireshark); empty = off. Debug aid:
     // it costs a buffered file write per frame.

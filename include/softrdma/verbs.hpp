@@ -636,8 +636,8 @@ struct ContextConfig {
     // byte stream is the one a 1500-byte link would carry; only its cutting into segments differs). Offered in
     // the TCP MSS option, so a peer that cannot take them (large_segments off, another memif application) is
     // sent MTU-sized segments. No effect on af_packet or devices. On by default since 2026-11-26 (run to
-    // completion; the RX-thread mode since 2026-11-27): 64 KiB WRITE at MTU 1500 2.49x kernel TCP with it,
-    // 1.03x without, at no measurable small-message cost (README, Results).
+    // completion; the RX-thread mode since 2026-11-27): 64 KiB WRITE at MTU 1500 4.0x kernel TCP with it,
+    // 0.4x without, in the same sitting (bench/RESULTS.md, "Bandwidth, 2026-11-26, second sitting").
     bool large_segments{true};
     // The destructor keeps polling while connections finish closing (data still queued, FIN handshakes), so the
     // peer gets everything and an orderly end even if the application stops polling right after its
