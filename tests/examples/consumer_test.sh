@@ -10,10 +10,21 @@
 # softrdma.pc is checked for here. Everything is removed afterwards.
 #   consumer_test.sh SOURCE_DIR BUILD_DIR
 set -euo pipefail
+# meson test points LD_LIBRARY_PATH into the build for a test that depends on shared libraries: a user's
+# program has none of that.
+unset LD_LIBRARY_PATH
 src=$(cd "$1" && pwd)
 build=$(cd "$2" && pwd)
 tmp=$(mktemp -d /tmp/softrdma-consumer.XXXXXX)
-trap 'rm -rf "$tmp"' EXIT
+# meson install rewrites the build's meson-logs/install-log.txt, which `ninja uninstall` reads: a real install
+# made from this build before must still be the one it names afterwards.
+log=$build/meson-logs/install-log.txt
+if [ -f "$log" ]; then cp -p "$log" "$tmp/install-log.saved"; fi
+cleanup() {
+  if [ -f "$tmp/install-log.saved" ]; then cp -p "$tmp/install-log.saved" "$log"; else rm -f "$log"; fi
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
 trap 'exit 1' INT TERM  # meson's timeout: still clean up
 step() { echo "== $*"; }
 
@@ -62,8 +73,11 @@ grep -q '^consumer: echo received: "hello from an installed softrdma"' "$tmp/out
 # The library's log goes to stderr; standard output is the program's alone.
 ! grep -q "softrdma\]" "$tmp/out" || { echo "softrdma logged to standard output"; exit 1; }
 grep -q "^\[softrdma\] \[info\] port " "$tmp/err" || { echo "no log line on stderr"; exit 1; }
-ldd "$tmp/consumer/consumer" | grep -q "libsoftrdma.* => $tmp/stage/" ||
-  { echo "the consumer did not load the installed libsoftrdma"; exit 1; }
+# ldd's output kept whole: shown on failure (and no `ldd | grep -q` pipe, which pipefail would fail whenever grep
+# exits before ldd has written its last line).
+libs_loaded=$(ldd "$tmp/consumer/consumer")
+grep -q "libsoftrdma.* => $tmp/stage/" <<<"$libs_loaded" ||
+  { echo "the consumer did not load the installed libsoftrdma:"; echo "$libs_loaded"; exit 1; }
 
 step "the staged softrdma.pc points into the stage"
 case "$pc" in */lib/*-linux-gnu/pkgconfig/*|*/lib/pkgconfig/*|*/lib64/pkgconfig/*) ;; *) echo "softrdma.pc at $pc"; exit 1 ;; esac
