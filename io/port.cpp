@@ -98,6 +98,8 @@ constexpr std::chrono::milliseconds kDisconnectTimeout{5000};  // generous: a lo
 // How often the memif link watcher looks at the link. While the peer's disconnect waits for us (the
 // driver's interrupt thread spins on the lock we hold), this is how long it waits.
 constexpr std::chrono::microseconds kWatchPeriod{1000};
+// How often a memif client whose server left tries to connect again (Port::watch_link).
+constexpr std::chrono::milliseconds kRelinkPeriod{20};
 
 std::string format_mac(const MacAddress& m) {
     char buf[18];
@@ -156,7 +158,8 @@ std::string to_string(const MacAddress& mac) { return format_mac(mac); }
 
 Port::Port(std::uint16_t port_id, std::string name, const PortConfig& cfg, bool memif_zero_copy)
     : port_id_(port_id), name_(std::move(name)), mtu_(cfg.mtu), memif_(cfg.backend == Backend::memif),
-      memif_client_(memif_ && !cfg.memif_server), large_frames_(memif_ && cfg.memif_large_frames),
+      memif_client_(memif_ && !cfg.memif_server), memif_reconnect_(memif_client_ && cfg.memif_reconnect),
+      large_frames_(memif_ && cfg.memif_large_frames),
       memif_zero_copy_(memif_client_ && memif_zero_copy),
       driver_held_(memif_zero_copy_ ? 2u << memif_log2_ring(cfg) : 0),
       tx_max_segments_(memif_zero_copy_ ? 1u << memif_log2_ring(cfg) : RTE_MBUF_MAX_NB_SEGS),
@@ -266,7 +269,15 @@ void restore_eal_files(const std::string& port) noexcept {
 // ---- the burst gate and the memif link watcher ------------------------------------------------------------
 
 void Port::open_gate(std::chrono::steady_clock::time_point deadline) {
-    if (guard_.attached()) {
+    if (!guard_.attached()) {
+        open_.store(true);
+        return;
+    }
+    // A memif server opened without waiting (PortConfig::wait_for_link off) may have no client yet: the gate
+    // stays shut and the lock free (the client's handshake takes it), and the watcher opens both once the link
+    // is up, as it does for every client after the first.
+    const bool up = link_up();
+    if (up) {
         // The driver holds the lock only inside memif_disconnect (a peer that left at once): retry briefly.
         while (!guard_.try_hold()) {
             if (std::chrono::steady_clock::now() >= deadline)
@@ -275,13 +286,13 @@ void Port::open_gate(std::chrono::steady_clock::time_point deadline) {
         }
         if (memif_zero_copy_) restore_eal_files(name_);  // the link is up: the handshake is over
         if (own_server_path_) server_path_.link_up();    // lock held, gate shut: the regions are there
-        stop_watcher_.store(false);
-        const std::string thread_name = "sr-link-" + std::to_string(port_id_);
-        if (rte_ctrl_thread_create(&watcher_, thread_name.c_str(), nullptr, &Port::watch_link_main, this) != 0)
-            throw Error("cannot start the link watcher thread of " + name_);
-        watcher_running_ = true;
     }
-    open_.store(true);
+    stop_watcher_.store(false);
+    const std::string thread_name = "sr-link-" + std::to_string(port_id_);
+    if (rte_ctrl_thread_create(&watcher_, thread_name.c_str(), nullptr, &Port::watch_link_main, this) != 0)
+        throw Error("cannot start the link watcher thread of " + name_);
+    watcher_running_ = true;
+    if (up) open_.store(true);
 }
 
 // Shuts the gate and waits until no burst is between its gate and its return. Pairs with the bursts: each
@@ -305,11 +316,41 @@ void* Port::watch_link_main(void* self) noexcept {
 // memif only, on a DPDK control thread. While the link is up we hold the driver's lock and the gate is open.
 // When the peer leaves, the driver marks the link down and its interrupt thread waits for the lock: shut the
 // gate, wait for bursts in flight, release the lock (the driver unmaps now). If a new peer connects (memif
-// server), take the lock again and reopen.
+// server), take the lock again and reopen. A client with PortConfig::memif_reconnect connects again itself
+// (DPDK 22.11's memif client never does): every kRelinkPeriod while the link is down, once the driver has
+// finished the disconnect (settled), the port is stopped and started, which connects to the server if one is
+// there again (a server process restarted, as qperf's server forks one per test). The gate stays shut
+// throughout: no burst is in the driver while it restarts.
 void Port::watch_link() noexcept {
+    auto next_relink = std::chrono::steady_clock::now();
+    bool running = true;  // the client's last start succeeded (its handshake may still have failed)
+    bool muted = false;   // the driver's log while reconnecting (one error line per failed attempt)
+    const bool reconnect = memif_reconnect_;
+    const int memif_log = reconnect ? rte_log_register("pmd.net.memif") : -1;
+    const int memif_level = memif_log >= 0 ? rte_log_get_level(static_cast<std::uint32_t>(memif_log)) : -1;
     while (!stop_watcher_.load(std::memory_order_acquire)) {
         std::this_thread::sleep_for(kWatchPeriod);
         const bool up = link_up();
+        if (reconnect && !up && !guard_.held() && std::chrono::steady_clock::now() >= next_relink &&
+            (!running || guard_.settled())) {
+            next_relink = std::chrono::steady_clock::now() + kRelinkPeriod;
+            if (!muted && memif_level >= 0) {
+                rte_log_set_level(static_cast<std::uint32_t>(memif_log), RTE_LOG_EMERG);
+                muted = true;
+            }
+            if (running) {
+                rte_eth_dev_stop(port_id_);
+                if (memif_zero_copy_) guard_.release_lent_arrays();  // the driver allocates new ones per connection
+            }
+            if (memif_zero_copy_) restore_eal_files(name_);  // a failed attempt closes them too
+            running = rte_eth_dev_start(port_id_) == 0;
+            relinks_.fetch_add(1, std::memory_order_relaxed);
+            continue;
+        }
+        if (muted && up) {
+            rte_log_set_level(static_cast<std::uint32_t>(memif_log), static_cast<std::uint32_t>(memif_level));
+            muted = false;
+        }
         if (guard_.held() && !up) {
             if (!shut_gate(kGateTimeout)) continue;  // a burst still inside: keep the lock, try again
             if (memif_zero_copy_) guard_.reclaim_lent();  // the rings are still mapped: we held the lock throughout
@@ -325,6 +366,7 @@ void Port::watch_link() noexcept {
         }
         if (own_server_path_) server_path_.reap();  // leases of ended connections whose frames all came back
     }
+    if (muted) rte_log_set_level(static_cast<std::uint32_t>(memif_log), static_cast<std::uint32_t>(memif_level));
 }
 
 void Port::stop_watcher() noexcept {
@@ -416,6 +458,12 @@ Port::CloseResult Port::close() noexcept {
         server_path_.reap();  // what is still borrowed keeps its mapping (see ~MemifServerPath)
     }
     if (started_) {
+        // A memif server closing while a client tries to connect (a client reconnects every kRelinkPeriod
+        // once its server has left) has DPDK 22.11's interrupt thread fail to accept on the socket being
+        // deleted, one error line per wake-up until the socket is gone: nothing a user can act on.
+        if (memif_ && !memif_client_)
+            if (const int lt = rte_log_register("pmd.net.memif"); lt >= 0)
+                rte_log_set_level(static_cast<std::uint32_t>(lt), RTE_LOG_EMERG);
         if (guard_.attached()) {
             if (finish_memif_link() != CloseResult::clean) return close_result_;
         } else if (memif_ && !link_up()) {
@@ -687,8 +735,10 @@ void Port::start(const PortConfig& cfg) {
     rte_ether_addr a{};
     rte_eth_macaddr_get(port_id_, &a);
     std::copy(std::begin(a.addr_bytes), std::end(a.addr_bytes), mac_.begin());
-    wait_link(std::chrono::duration_cast<std::chrono::milliseconds>(
-        std::max(deadline - std::chrono::steady_clock::now(), std::chrono::steady_clock::duration{0})));
+    // A memif client always waits: its handshake may need the restarts wait_link does.
+    if (cfg.wait_for_link || memif_client_)
+        wait_link(std::chrono::duration_cast<std::chrono::milliseconds>(
+            std::max(deadline - std::chrono::steady_clock::now(), std::chrono::steady_clock::duration{0})));
     open_gate(deadline + std::chrono::seconds(1));
 }
 

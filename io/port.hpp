@@ -135,6 +135,8 @@ public:
     std::string driver_state() const;
     // Times the link went down under this port (the peer left) while it was open.
     unsigned link_losses() const noexcept { return link_losses_.load(std::memory_order_relaxed); }
+    // memif client: attempts to connect again after the server left (Port::watch_link).
+    unsigned relinks() const noexcept { return relinks_.load(std::memory_order_relaxed); }
 
     // Borrowed receive (PortConfig::memif_borrow_rx; io::detail::MemifServerPath): on or not, whether frame `m`
     // has a borrowed segment, and unborrow(): a copy of it in an mbuf of the RX pool, `m` freed (its ring slot
@@ -285,6 +287,7 @@ private:
     bool started_ = false;
     bool memif_ = false;
     bool memif_client_ = false;
+    bool memif_reconnect_ = false;  // PortConfig::memif_reconnect (clients only)
     bool large_frames_ = false;
     bool memif_zero_copy_ = false;
     bool own_server_path_ = false;  // a memif server moving frames itself (server_path_), set before the gate opens
@@ -301,6 +304,7 @@ private:
     alignas(64) std::atomic<bool> rx_busy_{false};
     alignas(64) std::atomic<bool> tx_busy_{false};
     alignas(64) std::atomic<unsigned> link_losses_{0};
+    std::atomic<unsigned> relinks_{0};
     // memif only: the driver's control-channel lock, held while the gate may be open (memif_guard.hpp), and
     // the control thread that watches the link. Control side only.
     detail::MemifGuard guard_;

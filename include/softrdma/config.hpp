@@ -140,6 +140,16 @@ struct PortConfig {
     std::string capture_path;
     // How long opening waits for the link (for memif: the peer process, quietly) before failing.
     std::chrono::milliseconds link_timeout{10000};
+    // Off: opening returns without waiting for the link (a memif server whose client comes later, an
+    // interface still coming up); a listener waits for its peer like one on a NIC, and frames sent before the
+    // link is up are dropped (TCP sends them again). A memif client waits regardless (link_timeout): it
+    // cannot start before its server.
+    bool wait_for_link = true;
+    // memif client: when its server leaves, connect again to the next server on the socket (every 20 ms
+    // while the link is down; DPDK's memif client never does). Off, a client whose server left stays down
+    // until closed. The drop-in libraries turn it on: qperf's server forks a child per test, each a new
+    // memif server its client's device must reach.
+    bool memif_reconnect = false;
     // Fault injection (tests, soak); SOFTRDMA_FAULTS in the environment overrides it.
     FaultConfig faults{};
 };

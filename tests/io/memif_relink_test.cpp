@@ -1,0 +1,237 @@
+// SPDX-License-Identifier: MIT
+// A memif server that opens without waiting for its client (PortConfig::wait_for_link off), and a memif client
+// that follows its server through restarts (PortConfig::memif_reconnect): what qperf's server needs, which
+// forks a child per test, each opening a new memif server on the same socket that the one client process
+// must reach (io::Port::watch_link). One long-lived client process; a server process per round, forked one
+// after another. Each round the client sends a numbered frame and the server answers it; then the server
+// closes and exits and the client, seeing the link go down, must reach the next one by itself. The first
+// server opens before the client exists and must return from opening with the link still down. Without
+// memif_reconnect the client stays down after the first server leaves (checked too).
+#include <catch2/catch.hpp>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <string>
+#include <thread>
+
+#include "io/eal.hpp"
+#include "io/port.hpp"
+#include "tests/support/processes.hpp"
+
+using namespace softrdma;
+using namespace softrdma::test;
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+constexpr unsigned kRounds = 3;
+constexpr auto kWait = 10s;           // the link, a frame
+constexpr auto kClientDelay = 500ms;  // the client process starts this much after the first server
+
+io::PortConfig port_config(const std::string& socket, bool server, bool reconnect, bool zero_copy) {
+    io::PortConfig cfg;
+    cfg.backend = Backend::memif;
+    cfg.memif_socket = socket;
+    cfg.memif_server = server;
+    cfg.memif_zero_copy = zero_copy;
+    cfg.mbufs = 0;  // sized by the rule
+    cfg.link_timeout = kWait;
+    cfg.wait_for_link = !server;  // the server: no waiting (a client always waits for its server)
+    cfg.memif_reconnect = reconnect;
+    return cfg;
+}
+
+rte_mbuf* frame(io::Port& port, std::uint32_t tag) {
+    rte_mbuf* m = port.alloc();
+    if (m == nullptr) return nullptr;
+    char* p = rte_pktmbuf_append(m, 64);
+    if (p == nullptr) {
+        rte_pktmbuf_free(m);  // never handed on: ours
+        return nullptr;
+    }
+    std::memset(p, 0, 64);
+    std::memcpy(p, &tag, sizeof tag);
+    return m;
+}
+
+// Waits for one frame; its tag, or 0 when none came within kWait. Frees it.
+std::uint32_t receive(io::Port& port) {
+    const auto deadline = Clock::now() + kWait;
+    rte_mbuf* burst[8];
+    while (Clock::now() < deadline) {
+        const unsigned n = port.rx_burst(burst);
+        std::uint32_t tag = 0;
+        for (unsigned i = 0; i < n; ++i) {
+            if (tag == 0 && rte_pktmbuf_pkt_len(burst[i]) >= sizeof tag)
+                std::memcpy(&tag, rte_pktmbuf_mtod(burst[i], const void*), sizeof tag);
+            rte_pktmbuf_free(burst[i]);  // ours since rx_burst
+        }
+        if (tag != 0) return tag;
+        std::this_thread::sleep_for(100us);
+    }
+    return 0;
+}
+
+bool send(io::Port& port, std::uint32_t tag) {
+    rte_mbuf* m = frame(port, tag);
+    if (m == nullptr) return false;
+    const auto deadline = Clock::now() + kWait;
+    while (port.tx_burst({&m, 1}) == 0) {  // sent: the driver's
+        if (Clock::now() >= deadline) {
+            rte_pktmbuf_free(m);  // never taken: still ours
+            return false;
+        }
+        std::this_thread::sleep_for(100us);
+    }
+    return true;
+}
+
+bool wait_up(io::Port& port) {
+    const auto deadline = Clock::now() + kWait;
+    while (!port.link_up())
+        if (Clock::now() >= deadline) return false;
+        else std::this_thread::sleep_for(1ms);
+    return true;
+}
+
+// One server, in its own process: open (not waiting), answer the client's frame of this round, close, exit.
+// Exit codes: 0 fine, 2 a check failed (on stderr), 3 exception, 5 `lonely` and no client came within 2 s.
+[[noreturn]] void server_round(const std::string& socket, unsigned round, bool zero_copy, bool lonely) {
+    int rc = 0;
+    try {
+        io::EalConfig eal;
+        eal.lcores = "0";
+        const auto t0 = Clock::now();
+        auto port = io::open_port(port_config(socket, true, false, zero_copy), eal);
+        const bool up_at_open = port->link_up();
+        std::string err;
+        // The first server opens before the client process starts: opening must not have waited for it.
+        if (round == 0 && (up_at_open || Clock::now() - t0 >= kClientDelay))
+            err += " opening waited for the client (link " + std::string(up_at_open ? "up" : "down") + ");";
+        if (lonely) {
+            std::this_thread::sleep_for(2s);
+            const bool came = port->link_up();
+            const bool clean = port->close() == io::Port::CloseResult::clean;
+            ::_exit(!came && clean ? 5 : 2);
+        }
+        if (!wait_up(*port)) err += " the client never came;";
+        const std::uint32_t got = err.empty() ? receive(*port) : 0;
+        if (err.empty() && got != 100 + round) err += " got frame " + std::to_string(got) + ";";
+        if (err.empty() && !send(*port, 200 + round)) err += " could not answer;";
+        std::this_thread::sleep_for(50ms);  // the answer leaves the ring before the link goes
+        if (port->close() != io::Port::CloseResult::clean) err += " close() not clean;";
+        if (!err.empty()) {
+            std::fprintf(stderr, "server %u:%s\n", round, err.c_str());
+            rc = 2;
+        }
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "server %u: exception: %s\n", round, e.what());
+        rc = 3;
+    }
+    ::_exit(rc);
+}
+
+// `lonely_last`: the last server is one the client must not reach (it exits 5 when none came).
+int servers(const std::string& socket, unsigned rounds, bool zero_copy, bool lonely_last) {
+    unsigned failures = 0;
+    for (unsigned round = 0; round < rounds; ++round) {
+        const bool lonely = lonely_last && round + 1 == rounds;
+        std::fflush(nullptr);
+        const pid_t pid = ::fork();
+        if (pid == 0) server_round(socket, round, zero_copy, lonely);
+        int status = 0;
+        ::waitpid(pid, &status, 0);
+        if (!WIFEXITED(status) || WEXITSTATUS(status) != (lonely ? 5 : 0)) {
+            report("server " + std::to_string(round) + " failed (status " + std::to_string(status) + ")");
+            ++failures;
+            break;
+        }
+    }
+    report("servers: failures=" + std::to_string(failures));
+    return failures == 0 ? 0 : 1;
+}
+
+// The one client: reaches every server in turn. With reconnect off it must stay down after the first.
+int client(const std::string& socket, bool reconnect, bool zero_copy) {
+    std::this_thread::sleep_for(kClientDelay);
+    io::EalConfig eal;
+    eal.lcores = "1";
+    auto port = io::open_port(port_config(socket, false, reconnect, zero_copy), eal);
+    const unsigned start_in_use = port->mbufs_in_use();
+    unsigned answered = 0;
+    for (unsigned round = 0; round < (reconnect ? kRounds : 1u); ++round) {
+        if (!wait_up(*port)) {
+            report("round " + std::to_string(round) + ": link never came up");
+            break;
+        }
+        if (!send(*port, 100 + round) || receive(*port) != 200 + round) {
+            report("round " + std::to_string(round) + ": no answer");
+            break;
+        }
+        ++answered;
+        const auto deadline = Clock::now() + kWait;  // the server leaves
+        while (port->link_losses() <= round && Clock::now() < deadline) std::this_thread::sleep_for(1ms);
+    }
+    bool stayed_down = true;
+    if (!reconnect) {  // the second server opens and waits 2 s: this client must not come back to it
+        std::this_thread::sleep_for(1500ms);
+        stayed_down = !port->link_up() && port->relinks() == 0;
+    }
+    const unsigned relinks = port->relinks(), losses = port->link_losses();
+    const unsigned in_use = port->mbufs_in_use();
+    const bool clean = port->close() == io::Port::CloseResult::clean;
+    report("client: answered=" + std::to_string(answered) + " link_losses=" + std::to_string(losses) +
+           " relinks=" + std::to_string(relinks) + " stayed_down=" + std::to_string(stayed_down ? 1 : 0) +
+           " mbufs_back=" + std::to_string(in_use == start_in_use ? 1 : 0) + " clean=" + std::to_string(clean ? 1 : 0));
+    return 0;
+}
+
+unsigned field(const std::string& report, const std::string& name) {
+    const auto at = report.find(name + "=");
+    return at == std::string::npos ? ~0u : static_cast<unsigned>(std::stoul(report.substr(at + name.size() + 1)));
+}
+
+void run(bool reconnect, bool zero_copy) {
+    if (zero_copy && !io::hugepages_available()) {
+        WARN("skipped: memif zero-copy needs hugepages (scripts/setup reserves them)");
+        return;
+    }
+    const std::string socket = "/run/" + unique_name("softrdma-relink-");
+    // Without reconnect: two servers, the second waiting for a client that must not come.
+    const auto out = run_roles({{"servers", [&] { return servers(socket, reconnect ? kRounds : 2u, zero_copy, !reconnect); }},
+                                {"client", [&] { return client(socket, reconnect, zero_copy); }}},
+                               60s);
+    INFO("servers:\n" << out[0].report << "client:\n" << out[1].report);
+    CHECK_FALSE(out[0].timed_out);
+    CHECK_FALSE(out[1].timed_out);
+    CHECK(out[0].exit_code == 0);
+    CHECK(out[1].exit_code == 0);
+    const std::string& c = out[1].report;
+    CHECK(field(c, "answered") == (reconnect ? kRounds : 1u));
+    CHECK(field(c, "mbufs_back") == 1);
+    CHECK(field(c, "clean") == 1);
+    if (reconnect) {
+        CHECK(field(c, "link_losses") == kRounds);
+        CHECK(field(c, "relinks") >= kRounds - 1);
+    } else {
+        CHECK(field(c, "stayed_down") == 1);
+    }
+}
+
+}  // namespace
+
+TEST_CASE("memif: a server opens without waiting for its client, and a client with memif_reconnect reaches each "
+          "new server on its socket after the last one left",
+          "[io][memif][relink]") {
+    run(true, false);
+}
+
+TEST_CASE("memif: the same with a zero-copy client", "[io][memif][relink][zero-copy]") { run(true, true); }
+
+TEST_CASE("memif: without memif_reconnect a client whose server left stays down", "[io][memif][relink]") {
+    run(false, false);
+}
