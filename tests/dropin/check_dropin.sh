@@ -39,13 +39,15 @@ pair() {
   return 0
 }
 
-if pair devinfo "ibv_devinfo -v" "ibv_devinfo"; then
-  f="$work/devinfo.client"
-  if grep -qP '^hca_id:\tsoftrdma0' "$f" && grep -qP 'transport:\t+iWARP' "$f" && grep -q PORT_ACTIVE "$f" &&
-     grep -qP 'link_layer:\t+Ethernet' "$f" && grep -qP 'max_sge:\t+8' "$work/devinfo.server"; then
-    pass "ibv_devinfo: softrdma0, iWARP, port active, Ethernet"
-  else fail "ibv_devinfo output"; cat "$f"; fi
-fi
+# A memif server's device opens without a client (as a listener on a NIC would): ibv_devinfo alone.
+timeout 60 "$run" --memif "$work/devinfo.sock" --memif-role server --ip 198.18.0.1 --no-huge ibv_devinfo -v \
+  >"$work/devinfo.server" 2>&1
+rc=$?
+f="$work/devinfo.server"
+if [ $rc -eq 0 ] && grep -qP '^hca_id:\tsoftrdma0' "$f" && grep -qP 'transport:\t+iWARP' "$f" && grep -q PORT_ACTIVE "$f" &&
+   grep -qP 'link_layer:\t+Ethernet' "$f" && grep -qP 'max_sge:\t+8' "$f"; then
+  pass "ibv_devinfo (a memif server, no client): softrdma0, iWARP, port active, Ethernet"
+else fail "ibv_devinfo: exit $rc"; cat "$f"; fi
 
 if pair rping "rping -s -a 198.18.0.1 -v -V -C 20" "rping -c -a 198.18.0.1 -v -V -C 20"; then
   n=$(grep -c '^ping data: rdma-ping-' "$work/rping.client")
@@ -100,6 +102,43 @@ if pair write_bw_q100 "ib_write_bw -R -q 100 -n 100 -s 65536" "ib_write_bw -R -q
   if [ "$(echo "$line" | awk '{print $2}')" = 10000 ]; then pass "ib_write_bw -R -q 100: $line"
   else fail "ib_write_bw -q 100: no results line"; tail -5 "$work/write_bw_q100.client"; fi
 fi
+
+# qperf over rdma_cm (-cm1, as iWARP needs). Its client reaches its server over kernel TCP at the address it
+# then resolves with rdma_cm, so both run in a network namespace of this test's own with the two memif
+# addresses on its loopback. Its server forks a child per test, which opens the device (a memif server that
+# may not wait for its client: the client opens its device only after the child sent the port it bound,
+# port 0 -> rdma_get_src_port), and its client runs the tests one after another over the same device (its
+# memif client connects again to each new child). Each timed test ends with SIGALRM, which must interrupt
+# ibv_get_cq_event (EINTR) as it does the kernel's read(); the default -cp0 waits on events. With rfc7306=on
+# on both ends, WRITE with immediate data and atomics (qperf's rc_rdma_write_lat, rc_fetch_add_mr).
+qperf_pair() {
+  local name=$1 tests=$2 sock="$work/$1.sock" ns="softrdma-qperf-$$"
+  if ! ip netns add "$ns" 2>/dev/null; then fail "qperf: cannot create a network namespace (root needed)"; return; fi
+  ip -n "$ns" link set lo up && ip -n "$ns" addr add 198.18.0.1/32 dev lo && ip -n "$ns" addr add 198.18.0.2/32 dev lo
+  # shellcheck disable=SC2086
+  ip netns exec "$ns" timeout 120 "$run" --memif "$sock" --memif-role server --ip 198.18.0.1 --no-huge qperf \
+    >"$work/$name.server" 2>&1 &
+  local spid=$!
+  sleep 0.5
+  # shellcheck disable=SC2086
+  ip netns exec "$ns" timeout 100 "$run" --memif "$sock" --memif-role client --ip 198.18.0.2 --no-huge \
+    qperf -cm1 -t 1 198.18.0.1 $tests >"$work/$name.client" 2>&1
+  local crc=$?
+  ip netns pids "$ns" | xargs -r kill 2>/dev/null  # qperf's server runs until killed
+  wait $spid 2>/dev/null
+  ip netns del "$ns"
+  local t want got
+  want=$(echo "$tests" | wc -w)
+  got=$(grep -cE '^ +(latency|bw|msg_rate) += +[0-9.]+ [A-Za-z/]+$' "$work/$name.client")
+  if [ $crc -eq 0 ] && [ "$got" -eq "$want" ]; then
+    pass "qperf -cm1 $tests: $(grep -E '=' "$work/$name.client" | tr -s ' ' | paste -sd ',')"
+  else
+    fail "qperf -cm1 $tests: client exit $crc, $got of $want results"
+    echo "--- server"; tail -15 "$work/$name.server"; echo "--- client"; tail -15 "$work/$name.client"
+  fi
+}
+qperf_pair qperf "rc_lat rc_bw rc_rdma_read_bw rc_lat"
+SOFTRDMA_RFC7306=on qperf_pair qperf_7306 "rc_rdma_write_lat rc_fetch_add_mr"
 
 export ASAN_OPTIONS="$asan_options"
 

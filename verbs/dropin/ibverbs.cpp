@@ -209,7 +209,7 @@ int op_post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
         if (!r.ok()) {
             *bad = w;
             rt->flush_post();  // what was posted before it goes out all the same
-            return wr_error(r.err);
+            return errno = wr_error(r.err);  // errno too: programs print it (qperf's "failed to post ...")
         }
     }
     rt->flush_post();
@@ -227,7 +227,7 @@ int post_recvs(Queue& q, ibv_recv_wr* wr, ibv_recv_wr** bad) {
         const auto res = q.post_recv({&r, 1});
         if (!res.ok()) {
             *bad = w;
-            return wr_error(res.err);
+            return errno = wr_error(res.err);
         }
     }
     return 0;
@@ -394,7 +394,8 @@ int ibv_query_device(ibv_context* context, ibv_device_attr* a) {
     a->max_srq = 1 << 16;
     a->max_srq_wr = 16384;
     a->max_srq_sge = static_cast<int>(verbs::kMaxSge);
-    a->atomic_cap = IBV_ATOMIC_NONE;  // RFC 7306 atomics need an agreement rdma_cm cannot carry
+    // RFC 7306 atomics need an agreement rdma_cm cannot carry: the rfc7306 key makes it for every connection.
+    a->atomic_cap = rt->settings().rfc7306 ? IBV_ATOMIC_HCA : IBV_ATOMIC_NONE;
     a->phys_port_cnt = 1;
     return 0;
 }
@@ -638,8 +639,8 @@ int ibv_get_cq_event(ibv_comp_channel* channel, ibv_cq** cq, void** cq_context) 
         refresh(ch);
         return true;
     };
-    if (!wait_for(*rt, nonblocking ? 0 : -1, take)) {
-        errno = EAGAIN;
+    if (const Wait w = wait_for(*rt, nonblocking ? 0 : -1, take); w != Wait::done) {
+        errno = w == Wait::interrupted ? EINTR : EAGAIN;  // EINTR: as the kernel's read() on the channel
         return -1;
     }
     if (destroyed) {

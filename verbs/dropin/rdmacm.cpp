@@ -16,6 +16,7 @@
 #include <cstring>
 #include <deque>
 #include <map>
+#include <set>
 #include <vector>
 
 #include "base/log.hpp"
@@ -54,11 +55,29 @@ struct Id {
     Ipv4 dst{};
     std::uint16_t dst_port{0};
     std::uint16_t src_port{0};
+    bool picked_port{false};  // src_port was chosen by rdma_bind_addr (port 0): given back with the id
 };
 
 // Which id a softrdma CM handle belongs to (control path, under the lock).
 std::map<const verbs::CmId*, Id*> g_by_cm;
 std::map<const verbs::CmListener*, Id*> g_by_listener;
+
+// Ports rdma_bind_addr chose for ids bound to port 0 (control path, under the lock). Like the kernel's
+// rdma_cm, binding port 0 takes a free ephemeral port at once (qperf's server reads it with
+// rdma_get_src_port and sends it to its client before rdma_listen). The range stays below lwIP's own
+// ephemeral ports (TCP_LOCAL_PORT_RANGE_START, 0xc000), which outgoing connections take.
+std::set<std::uint16_t> g_picked_ports;
+constexpr std::uint16_t kPickFirst = 32768, kPickEnd = 49152;
+
+std::uint16_t pick_port() {
+    static std::uint16_t next = static_cast<std::uint16_t>(kPickFirst + ::getpid() % (kPickEnd - kPickFirst));
+    for (unsigned n = 0; n < kPickEnd - kPickFirst; ++n) {
+        const std::uint16_t p = next;
+        next = next + 1 == kPickEnd ? kPickFirst : static_cast<std::uint16_t>(next + 1);
+        if (g_picked_ports.insert(p).second) return p;
+    }
+    return 0;
+}
 
 EvChannel* chan(rdma_event_channel* c) { return reinterpret_cast<EvChannel*>(c); }
 Id* of_id(rdma_cm_id* i) { return reinterpret_cast<Id*>(i); }
@@ -155,6 +174,7 @@ verbs::ConnParam conn_param(const Runtime& rt, const rdma_conn_param* p) {
     verbs::ConnParam cp;
     cp.peer_to_peer = rt.settings().peer_to_peer;
     cp.crc = rt.settings().crc;
+    cp.rfc7306 = rt.settings().rfc7306;
     cp.connect_retry = rt.settings().connect_retry;
     cp.liveness = rt.settings().liveness;
     if (p != nullptr) {
@@ -228,6 +248,7 @@ int rdma_destroy_id(rdma_cm_id* id) {
         if (id->qp != nullptr) of(id->qp)->cm_id = nullptr;  // the QP stays the application's
         if (i->cm) g_by_cm.erase(i->cm.get());
         if (i->listener) g_by_listener.erase(i->listener.get());
+        if (i->picked_port) g_picked_ports.erase(i->src_port);
         i->cm.reset();  // a connection still in use is reset
         i->listener.reset();
         forget();
@@ -267,8 +288,19 @@ int rdma_bind_addr(rdma_cm_id* id, sockaddr* addr) {
         errno = EADDRNOTAVAIL;
         return -1;
     }
+    Guard g(*rt);
     Id* i = of_id(id);
+    if (i->picked_port) g_picked_ports.erase(i->src_port);
+    i->picked_port = false;
     i->src_port = ntohs(sin->sin_port);
+    if (i->src_port == 0) {
+        i->src_port = pick_port();
+        if (i->src_port == 0) {
+            errno = EADDRINUSE;
+            return -1;
+        }
+        i->picked_port = true;
+    }
     id->verbs = device_context();
     fill_addr(i, *rt);
     return 0;
@@ -446,7 +478,7 @@ int rdma_get_cm_event(rdma_event_channel* channel, rdma_cm_event** event) {
         nonblocking = (flags & O_NONBLOCK) != 0;
     }
     Event* got = nullptr;
-    const bool ok = destroyed || wait_for(*rt, nonblocking ? 0 : -1, [&] {
+    const Wait w = destroyed ? Wait::done : wait_for(*rt, nonblocking ? 0 : -1, [&] {
         if (c->destroyed) return destroyed = true;
         if (c->queue.empty()) return false;
         got = c->queue.front();
@@ -460,8 +492,8 @@ int rdma_get_cm_event(rdma_event_channel* channel, rdma_cm_event** event) {
         // this one, touching nothing.
         for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
     }
-    if (!ok) {
-        errno = EAGAIN;
+    if (w != Wait::done) {
+        errno = w == Wait::interrupted ? EINTR : EAGAIN;  // EINTR: as the kernel's read() on the channel
         return -1;
     }
     *event = &got->ev;

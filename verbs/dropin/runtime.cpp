@@ -2,6 +2,7 @@
 #include "verbs/dropin/runtime.hpp"
 
 #include <pthread.h>
+#include <signal.h>
 #include <sched.h>
 #include <sys/prctl.h>
 
@@ -30,7 +31,7 @@ constexpr const char* kKeys[] = {"backend",   "memif_socket", "memif_role",     
                                  "netmask",   "gateway",      "mac",             "mtu",           "threading",
                                  "hugepages", "lcores",       "max_qp",          "max_mr",        "link_timeout_ms",
                                  "progress_interval_us", "connect_retry_ms", "peer_to_peer", "crc", "log",
-                                 "keepalive_idle_ms", "keepalive_interval_ms", "keepalive_probes", "user_timeout_ms", "stats"};
+                                 "keepalive_idle_ms", "keepalive_interval_ms", "keepalive_probes", "user_timeout_ms", "stats", "rfc7306"};
 
 bool known(const std::string& k) {
     for (const char* n : kKeys)
@@ -110,6 +111,11 @@ Settings read_settings() {
         if (role != "server" && role != "client")
             throw std::runtime_error("memif_role: server or client (one end of the memif link is its server), not '" + role + "'");
         cc.port.memif_server = role == "server";
+        // A server program (perftest's, rping -s, qperf's per-test child) opens its device and waits for a
+        // client as long as it likes, as on a NIC: the memif server does not wait for its client's process.
+        cc.port.wait_for_link = !cc.port.memif_server;
+        // And a client follows its server through restarts (qperf's server forks a new memif server per test).
+        cc.port.memif_reconnect = !cc.port.memif_server;
     } else if (backend == "af_packet") {
         cc.port.backend = Backend::af_packet;
         cc.port.iface = get("iface", "");
@@ -163,6 +169,9 @@ Settings read_settings() {
     const std::string p2p = get("peer_to_peer", "on");
     if (p2p != "on" && p2p != "off") throw std::runtime_error("peer_to_peer: on or off, not '" + p2p + "'");
     s.peer_to_peer = p2p == "on";
+    const std::string r7306 = get("rfc7306", "off");
+    if (r7306 != "on" && r7306 != "off") throw std::runtime_error("rfc7306: on or off, not '" + r7306 + "'");
+    s.rfc7306 = r7306 == "on";
     const std::string stats = get("stats", "off");
     if (stats != "on" && stats != "off") throw std::runtime_error("stats: on or off, not '" + stats + "'");
     s.stats = stats == "on";
@@ -207,6 +216,12 @@ Runtime* Runtime::open() noexcept {
 
 Runtime::Runtime(const Settings& s) : settings_(s) {
     log::set_level(s.log);
+    // Every thread the library starts (DPDK's interrupt and control threads, the link watcher, the RX thread,
+    // the progress thread below) inherits a mask blocking all signals: a signal meant for the program goes to
+    // the program's own threads, as with the kernel's libraries, which start none. Otherwise SIGALRM (qperf's
+    // end of test) could run its handler on one of ours while the program's thread waits in
+    // ibv_get_cq_event and never learns of it (SignalWindow). The caller's mask is back when this returns.
+    const SignalWindow inherited;
     // The cores this process may use, before the EAL pins the calling thread to its lcore.
     cpu_set_t allowed;
     CPU_ZERO(&allowed);
@@ -252,6 +267,37 @@ void Runtime::print_stats() const noexcept {
                  "TCP payload copied by lwIP %llu, copied into mbufs %llu, sent from application memory %llu\n",
                  u(s.rx_frames), u(s.tx_frames), u(p.tx_refused), u(s.tx_dropped), u(s.tx_deferred), u(s.tx_copied_in),
                  u(s.tx_copied_out), u(s.tx_from_source));
+}
+
+SignalWindow::SignalWindow() noexcept {
+    sigset_t all;
+    sigfillset(&all);  // glibc keeps its own internal signals out of it
+    pthread_sigmask(SIG_BLOCK, &all, &old_);
+}
+
+SignalWindow::~SignalWindow() { pthread_sigmask(SIG_SETMASK, &old_, nullptr); }
+
+bool SignalWindow::interrupted() noexcept {
+    sigset_t pending;
+    if (sigpending(&pending) != 0) return false;
+    bool any = false, restart = true;
+    for (int sig = 1; sig < NSIG; ++sig) {
+        if (sigismember(&pending, sig) != 1 || sigismember(&old_, sig) == 1) continue;  // blocked by the caller
+        any = true;
+        // Only a handler of the program's without SA_RESTART ends a read(); a default action either ends the
+        // process, stops it (the read goes on after) or ignores the signal.
+        struct sigaction sa{};
+        const bool handler = sigaction(sig, nullptr, &sa) == 0 &&
+                             ((sa.sa_flags & SA_SIGINFO) != 0 || (sa.sa_handler != SIG_DFL && sa.sa_handler != SIG_IGN));
+        if (handler && (sa.sa_flags & SA_RESTART) == 0) restart = false;
+    }
+    if (!any) return false;
+    // Unblocked, the pending signals are delivered before this call returns: their handlers run here, outside
+    // the engine's lock. Then blocked again for the rest of the wait.
+    sigset_t blocked;
+    pthread_sigmask(SIG_SETMASK, &old_, &blocked);
+    pthread_sigmask(SIG_SETMASK, &blocked, nullptr);
+    return !restart;
 }
 
 void Runtime::adopt() noexcept { ctx_->impl().adopt_thread(); }

@@ -35,7 +35,7 @@ namespace softrdma::dropin {
 // Keys (README "Unmodified verbs programs"): backend (memif | af_packet), memif_socket, memif_role (server |
 // client), iface, ip, netmask, gateway, mac, mtu, threading (run_to_completion | rx_thread), hugepages (auto |
 // on | off), lcores, max_qp, max_mr, link_timeout_ms, progress_interval_us, connect_retry_ms, peer_to_peer (on | off), log, crc (off |
-// preferred | required), keepalive_idle_ms, keepalive_interval_ms, keepalive_probes, user_timeout_ms, stats (off | on). Throws std::runtime_error with the offending key on anything unknown or malformed, or
+// preferred | required), keepalive_idle_ms, keepalive_interval_ms, keepalive_probes, user_timeout_ms, stats (off | on), rfc7306 (off | on). Throws std::runtime_error with the offending key on anything unknown or malformed, or
 // when nothing is configured at all.
 struct Settings {
     verbs::ContextConfig context;
@@ -54,6 +54,10 @@ struct Settings {
     // keepalive_interval_ms, keepalive_probes (0: off), user_timeout_ms (0: off)).
     verbs::Liveness liveness{};
     log::Level log{log::Level::warn};  // key log: the library's messages on stderr from this level up
+    // RFC 7306 (immediate data, atomics) on every connection (ConnParam::rfc7306; key rfc7306, on | off).
+    // Nothing in MPA carries the agreement, so both ends set it: between softrdma hosts, not toward siw or
+    // Chelsio, which answer an RFC 7306 message with TERMINATE. On, the device reports IBV_ATOMIC_HCA.
+    bool rfc7306{false};
     bool stats{false};  // key stats (on | off): one line of counters on stderr at exit (Runtime::print_stats)
 };
 Settings read_settings();
@@ -134,13 +138,38 @@ private:
     std::lock_guard<std::mutex> lk_;
 };
 
-// Runs `step` under the lock, one engine turn at a time, until it returns true or `timeout` (negative: none)
-// passes; between turns the lock is released and the thread idles (spin, then sleep). Returns step's last value.
+// Signals during a blocking call. The kernel's blocking verbs calls (ibv_get_cq_event, rdma_get_cm_event)
+// sit in read(), which a signal handler interrupts with EINTR unless it was installed with SA_RESTART; qperf
+// ends each timed test that way (SIGALRM sets its flag, the wait returns EINTR). A thread turning the engine
+// in user space would run such a handler unnoticed, so while it waits its signals are blocked: between turns
+// it looks for pending ones, lets them run (unblocked for one system call) and then either fails the call
+// with EINTR or, when every one had SA_RESTART, waits on. Constructed blocks all blockable signals; destroyed
+// restores the thread's mask.
+class SignalWindow {
+public:
+    SignalWindow() noexcept;
+    ~SignalWindow();
+    SignalWindow(const SignalWindow&) = delete;
+    SignalWindow& operator=(const SignalWindow&) = delete;
+    // Runs the handlers of signals pending now; true when one of them should interrupt the call.
+    bool interrupted() noexcept;
+
+private:
+    sigset_t old_{};
+};
+
+enum class Wait { done, timed_out, interrupted };
+
+// Runs `step` under the lock, one engine turn at a time, until it returns true (done), `timeout` (negative:
+// none) passes (timed_out) or a signal handler without SA_RESTART ran (interrupted: see SignalWindow);
+// between turns the lock is released and the thread idles (spin, then sleep).
 template <class Step>
-bool wait_for(Runtime& rt, int timeout_ms, Step&& step);
+Wait wait_for(Runtime& rt, int timeout_ms, Step&& step);
 
 }  // namespace softrdma::dropin
 
+#include <csignal>
+#include <optional>
 #include <thread>
 
 namespace softrdma::dropin {
@@ -150,24 +179,32 @@ namespace softrdma::dropin {
 // perftest's read servers do) is served at once; one that has gone quiet costs a 20 us sleep per turn.
 inline constexpr auto kHotWindow = std::chrono::milliseconds(1);
 
+// Hot, the pending signals are looked at every kSignalCheckTurns turns (a system call each; a turn with its
+// yield is ~1.5 us on the AMD VM); quiet, after every sleep.
+inline constexpr unsigned kSignalCheckTurns = 8;
+
 template <class Step>
-bool wait_for(Runtime& rt, int timeout_ms, Step&& step) {
+Wait wait_for(Runtime& rt, int timeout_ms, Step&& step) {
     auto now = std::chrono::steady_clock::now();
     const auto deadline = now + std::chrono::milliseconds(timeout_ms < 0 ? 0 : timeout_ms);
     auto last_frame = now;
-    for (;;) {
+    std::optional<SignalWindow> signals;  // opened when the call has to wait (two system calls)
+    for (unsigned turns = 0;; ++turns) {
         {
             Guard g(rt);
-            if (step()) return true;
+            if (step()) return Wait::done;
             const unsigned frames = rt.turn();
-            if (step()) return true;
+            if (step()) return Wait::done;
             now = std::chrono::steady_clock::now();
             if (frames != 0) last_frame = now;
         }
-        if (timeout_ms >= 0 && now >= deadline) return false;
+        if (timeout_ms >= 0 && now >= deadline) return Wait::timed_out;
+        if (!signals) signals.emplace();
         // Two busy processes may share the cores: hot, give the core away between turns; quiet, sleep.
-        if (now - last_frame < kHotWindow) std::this_thread::yield();
+        const bool hot = now - last_frame < kHotWindow;
+        if (hot) std::this_thread::yield();
         else std::this_thread::sleep_for(std::chrono::microseconds(20));
+        if ((!hot || turns % kSignalCheckTurns == 0) && signals->interrupted()) return Wait::interrupted;
     }
 }
 

@@ -1,0 +1,208 @@
+// SPDX-License-Identifier: MIT
+// The drop-in libraries as a verbs program sees them, where they must behave as the kernel's do and stock
+// programs depend on it (qperf first): a signal handler without SA_RESTART interrupts a blocking
+// ibv_get_cq_event / rdma_get_cm_event with EINTR (the kernel's read() on the channel fd), one with SA_RESTART
+// does not; a process-directed signal runs on a thread of the program, not on one the library started; and
+// rdma_bind_addr to port 0 takes a free port at once (rdma_get_src_port before rdma_listen). Linked against the
+// drop-in libraries; configured through SOFTRDMA_* (tests/dropin/meson.build): a memif server with no client,
+// whose device opens without waiting for one (PortConfig::wait_for_link off).
+#include <catch2/catch.hpp>
+
+#include <infiniband/verbs.h>
+#include <rdma/rdma_cma.h>
+#include <arpa/inet.h>
+#include <signal.h>
+#include <sys/syscall.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <set>
+#include <thread>
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+std::atomic<int> g_handled{0};
+std::atomic<long> g_handler_tid{0};
+void on_signal(int) {
+    g_handled.fetch_add(1);
+    g_handler_tid.store(::syscall(SYS_gettid));
+}
+
+void install(int sig, bool restart) {
+    struct sigaction sa{};
+    sa.sa_handler = on_signal;
+    sa.sa_flags = restart ? SA_RESTART : 0;
+    sigemptyset(&sa.sa_mask);
+    REQUIRE(::sigaction(sig, &sa, nullptr) == 0);
+    g_handled = 0;
+}
+
+void alarm_in(std::chrono::milliseconds ms) {
+    itimerval t{};
+    t.it_value.tv_sec = ms.count() / 1000;
+    t.it_value.tv_usec = (ms.count() % 1000) * 1000;
+    REQUIRE(::setitimer(ITIMER_REAL, &t, nullptr) == 0);
+}
+
+struct Device {
+    ibv_device** list = nullptr;
+    ibv_context* ctx = nullptr;
+    Device() {
+        int n = 0;
+        list = ibv_get_device_list(&n);
+        REQUIRE(list != nullptr);
+        REQUIRE(n == 1);
+        ctx = ibv_open_device(list[0]);
+        REQUIRE(ctx != nullptr);
+    }
+    ~Device() {
+        ibv_close_device(ctx);
+        ibv_free_device_list(list);
+    }
+};
+
+sockaddr_in addr(const char* ip, std::uint16_t port) {
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(port);
+    ::inet_pton(AF_INET, ip, &a.sin_addr);
+    return a;
+}
+
+}  // namespace
+
+TEST_CASE("ibv_get_cq_event: a SIGALRM handler without SA_RESTART interrupts the wait with EINTR", "[dropin][signals]") {
+    Device d;
+    ibv_comp_channel* ch = ibv_create_comp_channel(d.ctx);
+    REQUIRE(ch != nullptr);
+    ibv_cq* cq = ibv_create_cq(d.ctx, 16, nullptr, ch, 0);
+    REQUIRE(cq != nullptr);
+    REQUIRE(ibv_req_notify_cq(cq, 0) == 0);
+    install(SIGALRM, false);
+    alarm_in(100ms);
+    const auto t0 = Clock::now();
+    ibv_cq* got = nullptr;
+    void* cq_ctx = nullptr;
+    errno = 0;
+    const int rc = ibv_get_cq_event(ch, &got, &cq_ctx);
+    const int err = errno;
+    const auto waited = Clock::now() - t0;
+    CHECK(rc == -1);
+    CHECK(err == EINTR);
+    CHECK(g_handled == 1);
+    CHECK(waited >= 90ms);
+    CHECK(waited < 2s);
+    REQUIRE(ibv_destroy_cq(cq) == 0);
+    REQUIRE(ibv_destroy_comp_channel(ch) == 0);
+}
+
+TEST_CASE("rdma_get_cm_event: EINTR without SA_RESTART; with SA_RESTART the handler runs and the wait goes on "
+          "until its event",
+          "[dropin][signals]") {
+    rdma_event_channel* ch = rdma_create_event_channel();
+    REQUIRE(ch != nullptr);
+    rdma_cm_event* ev = nullptr;
+    SECTION("without SA_RESTART") {
+        install(SIGALRM, false);
+        alarm_in(100ms);
+        errno = 0;
+        CHECK(rdma_get_cm_event(ch, &ev) == -1);
+        CHECK(errno == EINTR);
+        CHECK(g_handled == 1);
+    }
+    SECTION("with SA_RESTART") {
+        install(SIGALRM, true);
+        alarm_in(100ms);
+        rdma_cm_id* id = nullptr;
+        std::thread later([&] {  // an event for the channel, well after the signal
+            std::this_thread::sleep_for(400ms);
+            if (rdma_create_id(ch, &id, nullptr, RDMA_PS_TCP) != 0) return;
+            sockaddr_in dst = addr("198.18.0.2", 7471);
+            rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&dst), 1000);
+        });
+        const auto t0 = Clock::now();
+        const int rc = rdma_get_cm_event(ch, &ev);
+        const auto waited = Clock::now() - t0;
+        later.join();
+        CHECK(rc == 0);
+        CHECK(g_handled == 1);
+        CHECK(waited >= 350ms);
+        if (rc == 0) {
+            CHECK(ev->event == RDMA_CM_EVENT_ADDR_RESOLVED);
+            rdma_ack_cm_event(ev);
+        }
+        if (id != nullptr) rdma_destroy_id(id);
+    }
+    rdma_destroy_event_channel(ch);
+}
+
+TEST_CASE("a process-directed signal runs on a thread of the program, not on one the library started",
+          "[dropin][signals]") {
+    Device d;  // the library's threads are up (DPDK's, the link watcher, the progress thread)
+    install(SIGUSR1, true);
+    // The main thread blocks SIGUSR1; one thread of ours does not: the kernel must pick it.
+    sigset_t usr1, old;
+    sigemptyset(&usr1);
+    sigaddset(&usr1, SIGUSR1);
+    REQUIRE(pthread_sigmask(SIG_BLOCK, &usr1, &old) == 0);
+    std::atomic<long> ours{0};
+    std::atomic<bool> stop{false};
+    std::thread t([&] {
+        sigset_t none;
+        sigemptyset(&none);
+        pthread_sigmask(SIG_SETMASK, &none, nullptr);
+        ours = ::syscall(SYS_gettid);
+        while (!stop) std::this_thread::sleep_for(1ms);
+    });
+    while (ours == 0) std::this_thread::sleep_for(1ms);
+    for (int i = 0; i < 20; ++i) {
+        const int before = g_handled;
+        REQUIRE(::kill(::getpid(), SIGUSR1) == 0);
+        const auto deadline = Clock::now() + 2s;
+        while (g_handled == before && Clock::now() < deadline) std::this_thread::sleep_for(1ms);
+        REQUIRE(g_handled == before + 1);
+        CHECK(g_handler_tid == ours);
+    }
+    stop = true;
+    t.join();
+    pthread_sigmask(SIG_SETMASK, &old, nullptr);
+}
+
+TEST_CASE("rdma_bind_addr to port 0 takes a free port at once, distinct per id, given back with the id",
+          "[dropin][cm]") {
+    rdma_event_channel* ch = rdma_create_event_channel();
+    REQUIRE(ch != nullptr);
+    std::set<std::uint16_t> ports;
+    rdma_cm_id* ids[3] = {};
+    for (rdma_cm_id*& id : ids) {
+        REQUIRE(rdma_create_id(ch, &id, nullptr, RDMA_PS_TCP) == 0);
+        sockaddr_in any = addr("0.0.0.0", 0);
+        REQUIRE(rdma_bind_addr(id, reinterpret_cast<sockaddr*>(&any)) == 0);
+        const std::uint16_t p = ntohs(rdma_get_src_port(id));
+        CHECK(p >= 32768);
+        CHECK(p < 49152);
+        ports.insert(p);
+        CHECK(rdma_listen(id, 0) == 0);  // the port is ours to listen on
+    }
+    CHECK(ports.size() == 3);
+    for (rdma_cm_id* id : ids) CHECK(rdma_destroy_id(id) == 0);
+    // A bound port is still refused to a second listener.
+    rdma_cm_id* a = nullptr;
+    rdma_cm_id* b = nullptr;
+    REQUIRE(rdma_create_id(ch, &a, nullptr, RDMA_PS_TCP) == 0);
+    REQUIRE(rdma_create_id(ch, &b, nullptr, RDMA_PS_TCP) == 0);
+    sockaddr_in fixed = addr("0.0.0.0", 7472);
+    REQUIRE(rdma_bind_addr(a, reinterpret_cast<sockaddr*>(&fixed)) == 0);
+    REQUIRE(rdma_listen(a, 0) == 0);
+    REQUIRE(rdma_bind_addr(b, reinterpret_cast<sockaddr*>(&fixed)) == 0);
+    CHECK(rdma_listen(b, 0) == -1);
+    rdma_destroy_id(a);
+    rdma_destroy_id(b);
+    rdma_destroy_event_channel(ch);
+}
