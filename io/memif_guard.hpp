@@ -64,8 +64,8 @@ public:
     // DPDK 22.11's disconnect does not. No effect when attach() did not recognise the queues (it then says
     // why and attached() still holds).
     void reclaim_lent() noexcept;
-    // Zero-copy client, closing, once settled(): frees the driver's arrays of lent mbufs, which it allocates
-    // per connection and never frees.
+    // Zero-copy client, closing or about to connect again (PortConfig::memif_reconnect), once settled(): frees
+    // the driver's arrays of lent mbufs, which it allocates per connection and never frees.
     void release_lent_arrays() noexcept;
 
 private:

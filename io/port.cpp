@@ -277,6 +277,7 @@ void Port::open_gate(std::chrono::steady_clock::time_point deadline) {
     // stays shut and the lock free (the client's handshake takes it), and the watcher opens both once the link
     // is up, as it does for every client after the first.
     const bool up = link_up();
+    if (memif_zero_copy_) restore_eal_files(name_);  // the handshake is over (or failed: closed them too)
     if (up) {
         // The driver holds the lock only inside memif_disconnect (a peer that left at once): retry briefly.
         while (!guard_.try_hold()) {
@@ -284,8 +285,7 @@ void Port::open_gate(std::chrono::steady_clock::time_point deadline) {
                 throw Error("memif " + name_ + ": the driver's control channel stayed busy (peer left at once?)");
             std::this_thread::sleep_for(std::chrono::milliseconds(1));
         }
-        if (memif_zero_copy_) restore_eal_files(name_);  // the link is up: the handshake is over
-        if (own_server_path_) server_path_.link_up();    // lock held, gate shut: the regions are there
+        if (own_server_path_) server_path_.link_up();  // lock held, gate shut: the regions are there
     }
     stop_watcher_.store(false);
     const std::string thread_name = "sr-link-" + std::to_string(port_id_);
@@ -331,6 +331,10 @@ void Port::watch_link() noexcept {
     while (!stop_watcher_.load(std::memory_order_acquire)) {
         std::this_thread::sleep_for(kWatchPeriod);
         const bool up = link_up();
+        // Each handshake, failed or not, closes the EAL's hugepage file descriptors; while a reconnecting
+        // zero-copy client is down they are put back on every pass (not only before the next attempt), so a
+        // file the program opens meanwhile cannot take their numbers for long.
+        if (reconnect && memif_zero_copy_ && !up && !guard_.held() && guard_.settled()) restore_eal_files(name_);
         if (reconnect && !up && !guard_.held() && std::chrono::steady_clock::now() >= next_relink &&
             (!running || guard_.settled())) {
             next_relink = std::chrono::steady_clock::now() + kRelinkPeriod;
@@ -340,7 +344,10 @@ void Port::watch_link() noexcept {
             }
             if (running) {
                 rte_eth_dev_stop(port_id_);
-                if (memif_zero_copy_) guard_.release_lent_arrays();  // the driver allocates new ones per connection
+                // The driver allocates new arrays per connection. What they still name was taken back when the
+                // link went down with the lock held since it came up (reclaim_lent above); a connection that
+                // came and went between two passes (under kWatchPeriod, no burst let in) is not covered.
+                if (memif_zero_copy_) guard_.release_lent_arrays();
             }
             if (memif_zero_copy_) restore_eal_files(name_);  // a failed attempt closes them too
             running = rte_eth_dev_start(port_id_) == 0;
@@ -460,10 +467,22 @@ Port::CloseResult Port::close() noexcept {
     if (started_) {
         // A memif server closing while a client tries to connect (a client reconnects every kRelinkPeriod
         // once its server has left) has DPDK 22.11's interrupt thread fail to accept on the socket being
-        // deleted, one error line per wake-up until the socket is gone: nothing a user can act on.
-        if (memif_ && !memif_client_)
-            if (const int lt = rte_log_register("pmd.net.memif"); lt >= 0)
-                rte_log_set_level(static_cast<std::uint32_t>(lt), RTE_LOG_EMERG);
+        // deleted, one error line per wake-up until the device is removed: nothing a user can act on. Muted
+        // until then (two ports closing at once could restore each other's muted level: not a case we have).
+        struct Mute {  // back to the driver's level on every way out of close
+            int type = -1, level = -1;
+            ~Mute() {
+                if (type >= 0 && level >= 0)
+                    rte_log_set_level(static_cast<std::uint32_t>(type), static_cast<std::uint32_t>(level));
+            }
+        } mute;
+        if (memif_ && !memif_client_) {
+            mute.type = rte_log_register("pmd.net.memif");
+            if (mute.type >= 0) {
+                mute.level = rte_log_get_level(static_cast<std::uint32_t>(mute.type));
+                rte_log_set_level(static_cast<std::uint32_t>(mute.type), RTE_LOG_EMERG);
+            }
+        }
         if (guard_.attached()) {
             if (finish_memif_link() != CloseResult::clean) return close_result_;
         } else if (memif_ && !link_up()) {

@@ -113,8 +113,11 @@ fi
 # on both ends, WRITE with immediate data and atomics (qperf's rc_rdma_write_lat, rc_fetch_add_mr).
 qperf_pair() {
   local name=$1 tests=$2 sock="$work/$1.sock" ns="softrdma-qperf-$$"
-  if ! ip netns add "$ns" 2>/dev/null; then fail "qperf: cannot create a network namespace (root needed)"; return; fi
-  ip -n "$ns" link set lo up && ip -n "$ns" addr add 198.18.0.1/32 dev lo && ip -n "$ns" addr add 198.18.0.2/32 dev lo
+  if [ "$(id -u)" -ne 0 ]; then echo "skip: qperf $tests: a network namespace needs root"; return; fi
+  if ! ip netns add "$ns" || ! ip -n "$ns" link set lo up || ! ip -n "$ns" addr add 198.18.0.1/32 dev lo ||
+     ! ip -n "$ns" addr add 198.18.0.2/32 dev lo; then
+    fail "qperf: cannot set up network namespace $ns"; ip netns del "$ns" 2>/dev/null; return
+  fi
   # shellcheck disable=SC2086
   ip netns exec "$ns" timeout 120 "$run" --memif "$sock" --memif-role server --ip 198.18.0.1 --no-huge qperf \
     >"$work/$name.server" 2>&1 &
@@ -127,7 +130,7 @@ qperf_pair() {
   ip netns pids "$ns" | xargs -r kill 2>/dev/null  # qperf's server runs until killed
   wait $spid 2>/dev/null
   ip netns del "$ns"
-  local t want got
+  local want got
   want=$(echo "$tests" | wc -w)
   got=$(grep -cE '^ +(latency|bw|msg_rate) += +[0-9.]+ [A-Za-z/]+$' "$work/$name.client")
   if [ $crc -eq 0 ] && [ "$got" -eq "$want" ]; then

@@ -87,6 +87,7 @@ TEST_CASE("ibv_get_cq_event: a SIGALRM handler without SA_RESTART interrupts the
     install(SIGALRM, false);
     alarm_in(100ms);
     const auto t0 = Clock::now();
+    const long me = ::syscall(SYS_gettid);
     ibv_cq* got = nullptr;
     void* cq_ctx = nullptr;
     errno = 0;
@@ -96,6 +97,7 @@ TEST_CASE("ibv_get_cq_event: a SIGALRM handler without SA_RESTART interrupts the
     CHECK(rc == -1);
     CHECK(err == EINTR);
     CHECK(g_handled == 1);
+    CHECK(g_handler_tid == me);
     CHECK(waited >= 90ms);
     CHECK(waited < 2s);
     REQUIRE(ibv_destroy_cq(cq) == 0);
@@ -118,20 +120,25 @@ TEST_CASE("rdma_get_cm_event: EINTR without SA_RESTART; with SA_RESTART the hand
     }
     SECTION("with SA_RESTART") {
         install(SIGALRM, true);
-        alarm_in(100ms);
         rdma_cm_id* id = nullptr;
-        std::thread later([&] {  // an event for the channel, well after the signal
+        std::thread later([&] {  // an event for the channel, well after the signal, which it never takes
+            sigset_t alrm;
+            sigemptyset(&alrm);
+            sigaddset(&alrm, SIGALRM);
+            pthread_sigmask(SIG_BLOCK, &alrm, nullptr);
             std::this_thread::sleep_for(400ms);
             if (rdma_create_id(ch, &id, nullptr, RDMA_PS_TCP) != 0) return;
             sockaddr_in dst = addr("198.18.0.2", 7471);
             rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&dst), 1000);
         });
+        alarm_in(100ms);
         const auto t0 = Clock::now();
         const int rc = rdma_get_cm_event(ch, &ev);
         const auto waited = Clock::now() - t0;
         later.join();
         CHECK(rc == 0);
         CHECK(g_handled == 1);
+        CHECK(g_handler_tid == ::syscall(SYS_gettid));  // ran on the waiting thread, and the wait went on
         CHECK(waited >= 350ms);
         if (rc == 0) {
             CHECK(ev->event == RDMA_CM_EVENT_ADDR_RESOLVED);

@@ -177,7 +177,7 @@ int op_req_notify_cq(ibv_cq* cq, int solicited_only) {
 
 int op_post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
     Runtime* rt = Runtime::get();
-    if (rt == nullptr) return ENODEV;
+    if (rt == nullptr) return errno = ENODEV;
     Guard g(*rt);
     Qp* q = of(qp);
     for (ibv_send_wr* w = wr; w != nullptr; w = w->next) {
@@ -193,7 +193,7 @@ int op_post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
         case IBV_WR_ATOMIC_FETCH_AND_ADD: s.opcode = verbs::WrOpcode::atomic_fetch_and_add; break;
         default:
             *bad = w;
-            return EINVAL;
+            return errno = EINVAL;
         }
         if ((w->send_flags & IBV_SEND_SIGNALED) != 0) s.send_flags |= verbs::send_flags::signaled;
         if ((w->send_flags & IBV_SEND_SOLICITED) != 0) s.send_flags |= verbs::send_flags::solicited;
@@ -220,7 +220,7 @@ int op_post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
 template <class Queue>
 int post_recvs(Queue& q, ibv_recv_wr* wr, ibv_recv_wr** bad) {
     Runtime* rt = Runtime::get();
-    if (rt == nullptr) return ENODEV;
+    if (rt == nullptr) return errno = ENODEV;
     Guard g(*rt);
     for (ibv_recv_wr* w = wr; w != nullptr; w = w->next) {
         const verbs::RecvWr r{.wr_id = w->wr_id, .sg_list = sges(w->sg_list, w->num_sge)};

@@ -37,8 +37,9 @@ struct EvChannel {
     rdma_event_channel ch{};
     std::deque<Event*> queue;
     bool readable{false};
-    // Destroyed: its fd closed, its events freed; the struct itself is kept (a few dozen bytes per channel
-    // ever made), because a thread may still be on its way into rdma_get_cm_event (see there).
+    // Destroyed: its fd closed, its events and queue freed; the struct itself is kept (in g_destroyed_channels:
+    // ~100 bytes per channel ever destroyed), because a thread may still be on its way into rdma_get_cm_event
+    // (see there).
     bool destroyed{false};
     void update() noexcept {
         if (queue.empty() == !readable) return;
@@ -58,6 +59,10 @@ struct Id {
     bool picked_port{false};  // src_port was chosen by rdma_bind_addr (port 0): given back with the id
 };
 
+// Channels destroyed, kept for threads still on their way into rdma_get_cm_event (under the lock). Never
+// freed, not even at exit (such a thread may still be there).
+std::vector<EvChannel*> g_destroyed_channels;
+
 // Which id a softrdma CM handle belongs to (control path, under the lock).
 std::map<const verbs::CmId*, Id*> g_by_cm;
 std::map<const verbs::CmListener*, Id*> g_by_listener;
@@ -69,18 +74,29 @@ std::map<const verbs::CmListener*, Id*> g_by_listener;
 std::set<std::uint16_t> g_picked_ports;
 constexpr std::uint16_t kPickFirst = 32768, kPickEnd = 49152;
 
+bool listened_on(std::uint16_t port);
+
 std::uint16_t pick_port() {
     static std::uint16_t next = static_cast<std::uint16_t>(kPickFirst + ::getpid() % (kPickEnd - kPickFirst));
     for (unsigned n = 0; n < kPickEnd - kPickFirst; ++n) {
         const std::uint16_t p = next;
         next = next + 1 == kPickEnd ? kPickFirst : static_cast<std::uint16_t>(next + 1);
-        if (g_picked_ports.insert(p).second) return p;
+        if (g_picked_ports.count(p) == 0 && !listened_on(p)) {
+            g_picked_ports.insert(p);
+            return p;
+        }
     }
     return 0;
 }
 
 EvChannel* chan(rdma_event_channel* c) { return reinterpret_cast<EvChannel*>(c); }
 Id* of_id(rdma_cm_id* i) { return reinterpret_cast<Id*>(i); }
+
+// A port some id listens on (bound explicitly or picked): not picked again.
+bool listened_on(std::uint16_t port) {
+    return std::any_of(g_by_listener.begin(), g_by_listener.end(),
+                       [port](const auto& l) { return l.second->src_port == port; });
+}
 
 void queue_event(Id* id, rdma_cm_event_type type, int status, Id* listen = nullptr, const PrivateData* pd = nullptr,
                  std::uint16_t ird = 0, std::uint16_t ord = 0) {
@@ -206,9 +222,10 @@ void rdma_destroy_event_channel(rdma_event_channel* channel) {
     Runtime* rt = Runtime::get();
     std::unique_ptr<Guard> g = rt != nullptr ? std::make_unique<Guard>(*rt) : nullptr;
     for (Event* e : c->queue) delete e;
-    c->queue.clear();
+    std::deque<Event*>().swap(c->queue);  // the queue's own memory too
     ::close(c->ch.fd);
     c->destroyed = true;
+    g_destroyed_channels.push_back(c);  // ownership: the list's, until the process ends (see EvChannel::destroyed)
 }
 
 int rdma_create_id(rdma_event_channel* channel, rdma_cm_id** id, void* context, rdma_port_space ps) {
@@ -290,6 +307,10 @@ int rdma_bind_addr(rdma_cm_id* id, sockaddr* addr) {
     }
     Guard g(*rt);
     Id* i = of_id(id);
+    if (i->listener || i->cm) {
+        errno = EINVAL;  // bound and in use already, as the kernel's rdma_cm answers
+        return -1;
+    }
     if (i->picked_port) g_picked_ports.erase(i->src_port);
     i->picked_port = false;
     i->src_port = ntohs(sin->sin_port);

@@ -5,6 +5,8 @@
 #include <signal.h>
 #include <sched.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
@@ -269,21 +271,53 @@ void Runtime::print_stats() const noexcept {
                  u(s.tx_copied_out), u(s.tx_from_source));
 }
 
+// The signals a fault raises on the thread that faulted: never blocked (a fault raising a blocked one kills
+// the process outright, before DPDK's SIGBUS recovery while it maps hugepages or a sanitizer's report), and
+// never meant for another thread.
+constexpr int kSynchronous[] = {SIGBUS, SIGSEGV, SIGFPE, SIGILL, SIGTRAP, SIGSYS, SIGABRT};
+
 SignalWindow::SignalWindow() noexcept {
     sigset_t all;
     sigfillset(&all);  // glibc keeps its own internal signals out of it
+    for (int sig : kSynchronous) sigdelset(&all, sig);
     pthread_sigmask(SIG_BLOCK, &all, &old_);
 }
 
 SignalWindow::~SignalWindow() { pthread_sigmask(SIG_SETMASK, &old_, nullptr); }
 
+// Pending signals are taken off the queues (sigtimedwait, so another thread waiting the same way does not see
+// a process-directed one too, as only one thread's read() would end), sent again to this thread alone
+// (rt_tgsigqueueinfo, with what they carried) and let through: their handlers run here, outside the engine's
+// lock, before the mask is set back. A signal arriving meanwhile stays blocked and pending for the next look.
 bool SignalWindow::interrupted() noexcept {
     sigset_t pending;
     if (sigpending(&pending) != 0) return false;
-    bool any = false, restart = true;
-    for (int sig = 1; sig < NSIG; ++sig) {
-        if (sigismember(&pending, sig) != 1 || sigismember(&old_, sig) == 1) continue;  // blocked by the caller
-        any = true;
+    sigset_t ours;
+    sigemptyset(&ours);
+    bool any = false;
+    for (int sig = 1; sig < NSIG; ++sig)
+        if (sigismember(&pending, sig) == 1 && sigismember(&old_, sig) != 1) {  // not blocked by the caller
+            sigaddset(&ours, sig);
+            any = true;
+        }
+    if (!any) return false;
+    constexpr unsigned kTake = 16;  // more queued real-time signals wait for the next look
+    siginfo_t taken[kTake];
+    unsigned n = 0;
+    const timespec now{};
+    while (n < kTake) {
+        siginfo_t si{};
+        if (sigtimedwait(&ours, &si, &now) <= 0) break;
+        taken[n++] = si;
+    }
+    const pid_t pid = ::getpid(), tid = static_cast<pid_t>(::syscall(SYS_gettid));
+    sigset_t let;
+    sigemptyset(&let);
+    bool restart = true;
+    for (unsigned i = 0; i < n; ++i) {
+        const int sig = taken[i].si_signo;
+        if (::syscall(SYS_rt_tgsigqueueinfo, pid, tid, sig, &taken[i]) != 0) continue;
+        sigaddset(&let, sig);
         // Only a handler of the program's without SA_RESTART ends a read(); a default action either ends the
         // process, stops it (the read goes on after) or ignores the signal.
         struct sigaction sa{};
@@ -291,12 +325,9 @@ bool SignalWindow::interrupted() noexcept {
                              ((sa.sa_flags & SA_SIGINFO) != 0 || (sa.sa_handler != SIG_DFL && sa.sa_handler != SIG_IGN));
         if (handler && (sa.sa_flags & SA_RESTART) == 0) restart = false;
     }
-    if (!any) return false;
-    // Unblocked, the pending signals are delivered before this call returns: their handlers run here, outside
-    // the engine's lock. Then blocked again for the rest of the wait.
-    sigset_t blocked;
-    pthread_sigmask(SIG_SETMASK, &old_, &blocked);
-    pthread_sigmask(SIG_SETMASK, &blocked, nullptr);
+    if (n == 0) return false;  // another thread took them first
+    pthread_sigmask(SIG_UNBLOCK, &let, nullptr);  // delivered before this call returns
+    pthread_sigmask(SIG_BLOCK, &let, nullptr);
     return !restart;
 }
 

@@ -21,8 +21,10 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <csignal>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -142,9 +144,9 @@ private:
 // sit in read(), which a signal handler interrupts with EINTR unless it was installed with SA_RESTART; qperf
 // ends each timed test that way (SIGALRM sets its flag, the wait returns EINTR). A thread turning the engine
 // in user space would run such a handler unnoticed, so while it waits its signals are blocked: between turns
-// it looks for pending ones, lets them run (unblocked for one system call) and then either fails the call
-// with EINTR or, when every one had SA_RESTART, waits on. Constructed blocks all blockable signals; destroyed
-// restores the thread's mask.
+// it looks for pending ones, takes them for itself, lets them run and then either fails the call
+// with EINTR or, when every one had SA_RESTART, waits on. Constructed blocks every signal but those a fault
+// raises on its own thread (SIGSEGV, SIGBUS...); destroyed restores the thread's mask.
 class SignalWindow {
 public:
     SignalWindow() noexcept;
@@ -168,8 +170,6 @@ Wait wait_for(Runtime& rt, int timeout_ms, Step&& step);
 
 }  // namespace softrdma::dropin
 
-#include <csignal>
-#include <optional>
 #include <thread>
 
 namespace softrdma::dropin {
@@ -188,7 +188,10 @@ Wait wait_for(Runtime& rt, int timeout_ms, Step&& step) {
     auto now = std::chrono::steady_clock::now();
     const auto deadline = now + std::chrono::milliseconds(timeout_ms < 0 ? 0 : timeout_ms);
     auto last_frame = now;
-    std::optional<SignalWindow> signals;  // opened when the call has to wait (two system calls)
+    // A blocking call keeps its signals blocked from its first turn on (two system calls): one arriving
+    // during a turn is seen at the next look instead of running unnoticed, under the engine's lock.
+    std::optional<SignalWindow> signals;
+    if (timeout_ms != 0) signals.emplace();
     for (unsigned turns = 0;; ++turns) {
         {
             Guard g(rt);
@@ -199,12 +202,11 @@ Wait wait_for(Runtime& rt, int timeout_ms, Step&& step) {
             if (frames != 0) last_frame = now;
         }
         if (timeout_ms >= 0 && now >= deadline) return Wait::timed_out;
-        if (!signals) signals.emplace();
         // Two busy processes may share the cores: hot, give the core away between turns; quiet, sleep.
         const bool hot = now - last_frame < kHotWindow;
         if (hot) std::this_thread::yield();
         else std::this_thread::sleep_for(std::chrono::microseconds(20));
-        if ((!hot || turns % kSignalCheckTurns == 0) && signals->interrupted()) return Wait::interrupted;
+        if (signals && (!hot || turns % kSignalCheckTurns == 0) && signals->interrupted()) return Wait::interrupted;
     }
 }
 
