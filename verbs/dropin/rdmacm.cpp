@@ -60,8 +60,9 @@ struct Id {
 };
 
 // Channels destroyed, kept for threads still on their way into rdma_get_cm_event (under the lock). Never
-// freed, not even at exit (such a thread may still be there).
-std::vector<EvChannel*> g_destroyed_channels;
+// freed, not even at exit (such a thread may still be there): the list itself is never destroyed either, so
+// they stay reachable to the end (a leak checker running after the static destructors sees them).
+std::vector<EvChannel*>& g_destroyed_channels = *new std::vector<EvChannel*>;
 
 // Which id a softrdma CM handle belongs to (control path, under the lock).
 std::map<const verbs::CmId*, Id*> g_by_cm;
