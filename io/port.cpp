@@ -465,24 +465,14 @@ Port::CloseResult Port::close() noexcept {
         server_path_.reap();  // what is still borrowed keeps its mapping (see ~MemifServerPath)
     }
     if (started_) {
-        // A memif server closing while a client tries to connect (a client reconnects every kRelinkPeriod
-        // once its server has left) has DPDK 22.11's interrupt thread fail to accept on the socket being
-        // deleted, one error line per wake-up until the device is removed: nothing a user can act on. Muted
-        // until then (two ports closing at once could restore each other's muted level: not a case we have).
-        struct Mute {  // back to the driver's level on every way out of close
-            int type = -1, level = -1;
-            ~Mute() {
-                if (type >= 0 && level >= 0)
-                    rte_log_set_level(static_cast<std::uint32_t>(type), static_cast<std::uint32_t>(level));
-            }
-        } mute;
-        if (memif_ && !memif_client_) {
-            mute.type = rte_log_register("pmd.net.memif");
-            if (mute.type >= 0) {
-                mute.level = rte_log_get_level(static_cast<std::uint32_t>(mute.type));
-                rte_log_set_level(static_cast<std::uint32_t>(mute.type), RTE_LOG_EMERG);
-            }
-        }
+        // A memif server closing while a client tries to connect (a client with memif_reconnect tries every
+        // kRelinkPeriod once its server has left) has DPDK 22.11's interrupt thread fail to accept on the
+        // socket being deleted, one error line per wake-up, and it goes on after the device is removed, until
+        // the process ends (seen with qperf's per-test server children, which exit right after): nothing a user
+        // can act on, so the driver's log stays muted from here on in this process.
+        if (memif_ && !memif_client_)
+            if (const int lt = rte_log_register("pmd.net.memif"); lt >= 0)
+                rte_log_set_level(static_cast<std::uint32_t>(lt), RTE_LOG_EMERG);
         if (guard_.attached()) {
             if (finish_memif_link() != CloseResult::clean) return close_result_;
         } else if (memif_ && !link_up()) {
