@@ -101,6 +101,28 @@ constexpr std::chrono::microseconds kWatchPeriod{1000};
 // How often a memif client whose server left tries to connect again (Port::watch_link).
 constexpr std::chrono::milliseconds kRelinkPeriod{20};
 
+// The memif driver's log, muted while it would only repeat what we already handle (a client's failed connect
+// attempts, a closing server's accept errors). mute() and restore() in pairs on one object; mute() twice is one.
+class MemifLogMute {
+public:
+    void mute() noexcept {
+        if (level_ >= 0) return;
+        type_ = rte_log_register("pmd.net.memif");
+        if (type_ < 0) return;
+        level_ = rte_log_get_level(static_cast<std::uint32_t>(type_));
+        if (level_ >= 0) rte_log_set_level(static_cast<std::uint32_t>(type_), RTE_LOG_EMERG);
+    }
+    void restore() noexcept {
+        if (level_ < 0) return;
+        rte_log_set_level(static_cast<std::uint32_t>(type_), static_cast<std::uint32_t>(level_));
+        level_ = -1;
+    }
+
+private:
+    int type_ = -1;
+    int level_ = -1;  // the level before mute(); -1 when not muted
+};
+
 std::string format_mac(const MacAddress& m) {
     char buf[18];
     std::snprintf(buf, sizeof buf, "%02x:%02x:%02x:%02x:%02x:%02x", m[0], m[1], m[2], m[3], m[4], m[5]);
@@ -324,10 +346,8 @@ void* Port::watch_link_main(void* self) noexcept {
 void Port::watch_link() noexcept {
     auto next_relink = std::chrono::steady_clock::now();
     bool running = true;  // the client's last start succeeded (its handshake may still have failed)
-    bool muted = false;   // the driver's log while reconnecting (one error line per failed attempt)
+    MemifLogMute quiet;   // while reconnecting: one error line per failed attempt otherwise
     const bool reconnect = memif_reconnect_;
-    const int memif_log = reconnect ? rte_log_register("pmd.net.memif") : -1;
-    const int memif_level = memif_log >= 0 ? rte_log_get_level(static_cast<std::uint32_t>(memif_log)) : -1;
     while (!stop_watcher_.load(std::memory_order_acquire)) {
         std::this_thread::sleep_for(kWatchPeriod);
         const bool up = link_up();
@@ -338,10 +358,7 @@ void Port::watch_link() noexcept {
         if (reconnect && !up && !guard_.held() && std::chrono::steady_clock::now() >= next_relink &&
             (!running || guard_.settled())) {
             next_relink = std::chrono::steady_clock::now() + kRelinkPeriod;
-            if (!muted && memif_level >= 0) {
-                rte_log_set_level(static_cast<std::uint32_t>(memif_log), RTE_LOG_EMERG);
-                muted = true;
-            }
+            quiet.mute();
             if (running) {
                 rte_eth_dev_stop(port_id_);
                 // The driver allocates new arrays per connection. What they still name was taken back when the
@@ -354,10 +371,7 @@ void Port::watch_link() noexcept {
             relinks_.fetch_add(1, std::memory_order_relaxed);
             continue;
         }
-        if (muted && up) {
-            rte_log_set_level(static_cast<std::uint32_t>(memif_log), static_cast<std::uint32_t>(memif_level));
-            muted = false;
-        }
+        if (up) quiet.restore();
         if (guard_.held() && !up) {
             if (!shut_gate(kGateTimeout)) continue;  // a burst still inside: keep the lock, try again
             if (memif_zero_copy_) guard_.reclaim_lent();  // the rings are still mapped: we held the lock throughout
@@ -373,7 +387,7 @@ void Port::watch_link() noexcept {
         }
         if (own_server_path_) server_path_.reap();  // leases of ended connections whose frames all came back
     }
-    if (muted) rte_log_set_level(static_cast<std::uint32_t>(memif_log), static_cast<std::uint32_t>(memif_level));
+    quiet.restore();
 }
 
 void Port::stop_watcher() noexcept {
@@ -470,9 +484,7 @@ Port::CloseResult Port::close() noexcept {
         // socket being deleted, one error line per wake-up, and it goes on after the device is removed, until
         // the process ends (seen with qperf's per-test server children, which exit right after): nothing a user
         // can act on, so the driver's log stays muted from here on in this process.
-        if (memif_ && !memif_client_)
-            if (const int lt = rte_log_register("pmd.net.memif"); lt >= 0)
-                rte_log_set_level(static_cast<std::uint32_t>(lt), RTE_LOG_EMERG);
+        if (memif_ && !memif_client_) MemifLogMute{}.mute();  // never restored
         if (guard_.attached()) {
             if (finish_memif_link() != CloseResult::clean) return close_result_;
         } else if (memif_ && !link_up()) {
@@ -724,13 +736,12 @@ void Port::start(const PortConfig& cfg) {
     // file system), so the driver's log is muted during the attempts. A peer that never comes gets our own
     // error below.
     const auto deadline = std::chrono::steady_clock::now() + cfg.link_timeout;
-    const int memif_log = memif_client_ ? rte_log_register("pmd.net.memif") : -1;
-    const int memif_level = memif_log >= 0 ? rte_log_get_level(static_cast<std::uint32_t>(memif_log)) : -1;
-    if (memif_level >= 0) rte_log_set_level(static_cast<std::uint32_t>(memif_log), RTE_LOG_EMERG);
+    MemifLogMute quiet;
+    if (memif_client_) quiet.mute();
     int rc;
     while ((rc = rte_eth_dev_start(port_id_)) != 0 && std::chrono::steady_clock::now() < deadline)
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    if (memif_level >= 0) rte_log_set_level(static_cast<std::uint32_t>(memif_log), static_cast<std::uint32_t>(memif_level));
+    quiet.restore();
     if (rc != 0)
         throw Error("cannot start " + name_ + ": " + rte_strerror(-rc) +
                     (cfg.backend == Backend::memif

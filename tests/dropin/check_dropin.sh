@@ -118,7 +118,6 @@ qperf_pair() {
      ! ip -n "$ns" addr add 198.18.0.2/32 dev lo; then
     fail "qperf: cannot set up network namespace $ns"; ip netns del "$ns" 2>/dev/null; return
   fi
-  # shellcheck disable=SC2086
   ip netns exec "$ns" timeout 120 "$run" --memif "$sock" --memif-role server --ip 198.18.0.1 --no-huge qperf \
     >"$work/$name.server" 2>&1 &
   local spid=$!

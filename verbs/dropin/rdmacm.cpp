@@ -75,7 +75,11 @@ std::map<const verbs::CmListener*, Id*> g_by_listener;
 std::set<std::uint16_t> g_picked_ports;
 constexpr std::uint16_t kPickFirst = 32768, kPickEnd = 49152;
 
-bool listened_on(std::uint16_t port);
+// A port some id listens on (bound explicitly or picked): not picked again.
+bool listened_on(std::uint16_t port) {
+    return std::any_of(g_by_listener.begin(), g_by_listener.end(),
+                       [port](const auto& l) { return l.second->src_port == port; });
+}
 
 std::uint16_t pick_port() {
     static std::uint16_t next = static_cast<std::uint16_t>(kPickFirst + ::getpid() % (kPickEnd - kPickFirst));
@@ -92,12 +96,6 @@ std::uint16_t pick_port() {
 
 EvChannel* chan(rdma_event_channel* c) { return reinterpret_cast<EvChannel*>(c); }
 Id* of_id(rdma_cm_id* i) { return reinterpret_cast<Id*>(i); }
-
-// A port some id listens on (bound explicitly or picked): not picked again.
-bool listened_on(std::uint16_t port) {
-    return std::any_of(g_by_listener.begin(), g_by_listener.end(),
-                       [port](const auto& l) { return l.second->src_port == port; });
-}
 
 void queue_event(Id* id, rdma_cm_event_type type, int status, Id* listen = nullptr, const PrivateData* pd = nullptr,
                  std::uint16_t ird = 0, std::uint16_t ord = 0) {
