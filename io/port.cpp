@@ -3,7 +3,10 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sched.h>
 #include <unistd.h>
 
@@ -12,7 +15,12 @@
 #include <cerrno>
 #include <mutex>
 #include <cstdio>
+#include <cstddef>
+#include <cstdlib>
+#include <cstring>
 #include <fstream>
+#include <map>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -102,7 +110,7 @@ constexpr std::chrono::microseconds kWatchPeriod{1000};
 constexpr std::chrono::milliseconds kRelinkPeriod{20};
 
 // The memif driver's log, muted while it would only repeat what we already handle (a client's failed connect
-// attempts, a closing server's accept errors). mute() and restore() in pairs on one object; mute() twice is one.
+// attempts while it waits for its server). mute() and restore() in pairs on one object; mute() twice is one.
 class MemifLogMute {
 public:
     void mute() noexcept {
@@ -287,6 +295,89 @@ void restore_eal_files(const std::string& port) noexcept {
 }
 
 }  // namespace
+
+// ---- a memif server socket's listener, at the last server's close (DPDK 22.11) -----------------------------
+//
+// DPDK 22.11's memif driver never closes a server socket's listening descriptor nor unregisters its interrupt
+// callback: when the last device on the socket goes, memif_socket_remove_device frees the socket and its
+// interrupt instance and leaves both behind. The listener stays bound (to its abstract name, the driver's
+// default), so clients still connect to it (a client with memif_reconnect tries every kRelinkPeriod), and one
+// waiting in its backlog wakes DPDK's interrupt thread again and again, each time calling the callback with the
+// freed socket, whose accept fails: a whole core spent until the process ends (measured: 2.94 s of CPU in 3 s
+// after a server's close), a use after free in the driver, and no new server on the same socket in this
+// process (its bind finds the name taken). So before the last server port on a socket stops, its listener is
+// taken from under the driver: dup3() makes the number a duplicate of an eventfd that is never readable, which
+// closes the listener in the same step (out of the interrupt thread's epoll set, the name free, a connection
+// waiting in the backlog reset: its client sees a disconnect). The number stays taken for the process's life,
+// so that no later file gets it and with it the stale callback: one descriptor per server socket closed, which
+// the driver leaked anyway.
+namespace {
+
+std::mutex g_listeners_lock;
+std::map<std::string, unsigned> g_listeners;  // memif server ports started per socket name (control path only)
+
+// `fd` is a listening AF_UNIX socket bound to `name`, as a file path or (DPDK's default) an abstract name.
+bool unix_listener_named(int fd, const std::string& name) noexcept {
+    struct stat st{};
+    if (::fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) return false;
+    int listening = 0;
+    socklen_t len = sizeof listening;
+    if (::getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) != 0 || listening == 0) return false;
+    sockaddr_un a{};
+    socklen_t alen = sizeof a;
+    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &alen) != 0 || a.sun_family != AF_UNIX ||
+        alen <= offsetof(sockaddr_un, sun_path))
+        return false;
+    std::string_view path(a.sun_path, alen - offsetof(sockaddr_un, sun_path));
+    if (path.front() == '\0')
+        path.remove_prefix(1);  // abstract: the name is the rest, exactly
+    else
+        path = path.substr(0, path.find('\0'));  // a file: NUL-terminated
+    return path == name;
+}
+
+// Every listener of this process bound to `name` retired as above; how many. Logs and returns 0 on failure.
+unsigned retire_listeners(const std::string& name, const std::string& port) noexcept {
+    static const int never_readable = ::eventfd(0, EFD_CLOEXEC);  // never written: never readable
+    if (never_readable < 0) {
+        log::error("{}: no eventfd ({}): the memif server's listener is left to the driver", port, std::strerror(errno));
+        return 0;
+    }
+    std::vector<int> fds;
+    if (DIR* d = ::opendir("/proc/self/fd")) {
+        const int own = ::dirfd(d);
+        while (const dirent* e = ::readdir(d)) {
+            char* end = nullptr;
+            const long fd = std::strtol(e->d_name, &end, 10);
+            if (end != e->d_name && *end == '\0' && fd != own && fd != never_readable) fds.push_back(static_cast<int>(fd));
+        }
+        ::closedir(d);
+    }
+    unsigned retired = 0;
+    for (const int fd : fds)
+        if (unix_listener_named(fd, name) && ::dup3(never_readable, fd, O_CLOEXEC) == fd) ++retired;
+    return retired;
+}
+
+}  // namespace
+
+void Port::count_listener(const std::string& socket) {
+    const std::lock_guard<std::mutex> lock(g_listeners_lock);
+    ++g_listeners[socket];
+    listener_socket_ = socket;
+}
+
+void Port::retire_listener() noexcept {
+    if (listener_socket_.empty()) return;
+    const std::lock_guard<std::mutex> lock(g_listeners_lock);
+    const auto it = g_listeners.find(listener_socket_);
+    if (it != g_listeners.end() && --it->second == 0) {
+        g_listeners.erase(it);
+        if (retire_listeners(listener_socket_, name_) == 0)
+            log::warn("{}: found no listener on memif socket {} to take from the driver", name_, listener_socket_);
+    }
+    listener_socket_.clear();
+}
 
 // ---- the burst gate and the memif link watcher ------------------------------------------------------------
 
@@ -479,12 +570,6 @@ Port::CloseResult Port::close() noexcept {
         server_path_.reap();  // what is still borrowed keeps its mapping (see ~MemifServerPath)
     }
     if (started_) {
-        // A memif server closing while a client tries to connect (a client with memif_reconnect tries every
-        // kRelinkPeriod once its server has left) has DPDK 22.11's interrupt thread fail to accept on the
-        // socket being deleted, one error line per wake-up, and it goes on after the device is removed, until
-        // the process ends (seen with qperf's per-test server children, which exit right after): nothing a user
-        // can act on, so the driver's log stays muted from here on in this process.
-        if (memif_ && !memif_client_) MemifLogMute{}.mute();  // never restored
         if (guard_.attached()) {
             if (finish_memif_link() != CloseResult::clean) return close_result_;
         } else if (memif_ && !link_up()) {
@@ -492,6 +577,7 @@ Port::CloseResult Port::close() noexcept {
             // the interrupt thread handled the peer's disconnect, so the port is left to process exit.
             return close_result_;
         }
+        retire_listener();  // the last memif server on its socket: the listener out of the driver's hands (above)
         if (rte_eth_dev_stop(port_id_) != 0 || rte_eth_dev_close(port_id_) != 0) {
             log::error("{}: DPDK refused to stop or close the port", name_);
             return close_result_;
@@ -750,6 +836,7 @@ void Port::start(const PortConfig& cfg) {
                          : std::string()));
     started_ = true;
     if (rte_eth_dev_info_get(port_id_, &info) == 0 && info.device != nullptr) device_name_ = rte_dev_name(info.device);
+    if (memif_ && !memif_client_) count_listener(cfg.memif_socket);
     if (memif_) attach_guard(cfg);
 
     rte_ether_addr a{};

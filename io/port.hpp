@@ -228,6 +228,10 @@ private:
     void start(const PortConfig& cfg);
     void wait_link(std::chrono::milliseconds timeout);
     void attach_guard(const PortConfig& cfg);
+    // A memif server socket's listener (port.cpp): counted when a server starts, taken from DPDK's driver when
+    // the last server port on the socket closes.
+    void count_listener(const std::string& socket);
+    void retire_listener() noexcept;
     void open_gate(std::chrono::steady_clock::time_point deadline);
     bool shut_gate(std::chrono::milliseconds limit) noexcept;
     static void* watch_link_main(void* self) noexcept;
@@ -295,6 +299,7 @@ private:
     unsigned tx_max_segments_ = 0;
     bool vdev_ = false;  // created on DPDK's vdev bus: removed from it when closed, so it can be opened again
     std::string device_name_;  // DPDK's device behind the port
+    std::string listener_socket_;  // a started memif server: its socket, counted in g_listeners (port.cpp)
     bool closed_ = false;
     CloseResult close_result_ = CloseResult::clean;
     // The burst gate (see Threads). open_: bursts may enter the driver; written by the control side only
