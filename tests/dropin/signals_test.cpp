@@ -181,7 +181,8 @@ TEST_CASE("a process-directed signal runs on a thread of the program, not on one
     pthread_sigmask(SIG_SETMASK, &old, nullptr);
 }
 
-TEST_CASE("rdma_bind_addr to port 0 takes a free port at once, distinct per id, given back with the id",
+TEST_CASE("rdma_bind_addr to port 0 takes a free port at once, distinct per id, given back with the id; a bound "
+          "port is refused to another id",
           "[dropin][cm]") {
     rdma_event_channel* ch = rdma_create_event_channel();
     REQUIRE(ch != nullptr);
@@ -199,17 +200,34 @@ TEST_CASE("rdma_bind_addr to port 0 takes a free port at once, distinct per id, 
     }
     CHECK(ports.size() == 3);
     for (rdma_cm_id* id : ids) CHECK(rdma_destroy_id(id) == 0);
-    // A bound port is still refused to a second listener.
+    // A bound port, picked or given, listened on or not, is refused to another id (EADDRINUSE, as the kernel's
+    // rdma_cm answers) until its id is destroyed.
     rdma_cm_id* a = nullptr;
     rdma_cm_id* b = nullptr;
     REQUIRE(rdma_create_id(ch, &a, nullptr, RDMA_PS_TCP) == 0);
     REQUIRE(rdma_create_id(ch, &b, nullptr, RDMA_PS_TCP) == 0);
     sockaddr_in fixed = addr("0.0.0.0", 7472);
     REQUIRE(rdma_bind_addr(a, reinterpret_cast<sockaddr*>(&fixed)) == 0);
+    errno = 0;
+    CHECK(rdma_bind_addr(b, reinterpret_cast<sockaddr*>(&fixed)) == -1);  // bound, not yet listened on
+    CHECK(errno == EADDRINUSE);
     REQUIRE(rdma_listen(a, 0) == 0);
-    REQUIRE(rdma_bind_addr(b, reinterpret_cast<sockaddr*>(&fixed)) == 0);
-    CHECK(rdma_listen(b, 0) == -1);
+    errno = 0;
+    CHECK(rdma_bind_addr(b, reinterpret_cast<sockaddr*>(&fixed)) == -1);  // listened on
+    CHECK(errno == EADDRINUSE);
+    sockaddr_in any = addr("0.0.0.0", 0);
+    REQUIRE(rdma_bind_addr(b, reinterpret_cast<sockaddr*>(&any)) == 0);
+    sockaddr_in picked = addr("0.0.0.0", ntohs(rdma_get_src_port(b)));
+    rdma_cm_id* c = nullptr;
+    REQUIRE(rdma_create_id(ch, &c, nullptr, RDMA_PS_TCP) == 0);
+    errno = 0;
+    CHECK(rdma_bind_addr(c, reinterpret_cast<sockaddr*>(&picked)) == -1);  // picked by b
+    CHECK(errno == EADDRINUSE);
+    CHECK(rdma_bind_addr(b, reinterpret_cast<sockaddr*>(&picked)) == 0);   // b binding what it holds
     rdma_destroy_id(a);
+    CHECK(rdma_bind_addr(c, reinterpret_cast<sockaddr*>(&fixed)) == 0);    // free again with a gone
+    CHECK(rdma_listen(c, 0) == 0);
     rdma_destroy_id(b);
+    rdma_destroy_id(c);
     rdma_destroy_event_channel(ch);
 }

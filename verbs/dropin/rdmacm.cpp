@@ -56,7 +56,8 @@ struct Id {
     Ipv4 dst{};
     std::uint16_t dst_port{0};
     std::uint16_t src_port{0};
-    bool picked_port{false};  // src_port was chosen by rdma_bind_addr (port 0): given back with the id
+    bool holds_port{false};  // src_port was bound by rdma_bind_addr (given or picked): in g_bound_ports until
+                             // the id goes or binds again
 };
 
 // Channels destroyed, kept for threads still on their way into rdma_get_cm_event (under the lock). Never
@@ -68,11 +69,12 @@ std::vector<EvChannel*>& g_destroyed_channels = *new std::vector<EvChannel*>;
 std::map<const verbs::CmId*, Id*> g_by_cm;
 std::map<const verbs::CmListener*, Id*> g_by_listener;
 
-// Ports rdma_bind_addr chose for ids bound to port 0 (control path, under the lock). Like the kernel's
-// rdma_cm, binding port 0 takes a free ephemeral port at once (qperf's server reads it with
-// rdma_get_src_port and sends it to its client before rdma_listen). The range stays below lwIP's own
-// ephemeral ports (TCP_LOCAL_PORT_RANGE_START, 0xc000), which outgoing connections take.
-std::set<std::uint16_t> g_picked_ports;
+// Ports ids hold through rdma_bind_addr (control path, under the lock). As with the kernel's rdma_cm, a port
+// bound by one id is refused to another (EADDRINUSE) until that id is destroyed, and binding port 0 takes a
+// free ephemeral port at once (qperf's server reads it with rdma_get_src_port and sends it to its client
+// before rdma_listen). The range stays below lwIP's own ephemeral ports (TCP_LOCAL_PORT_RANGE_START, 0xc000),
+// which outgoing connections take.
+std::set<std::uint16_t> g_bound_ports;
 constexpr std::uint16_t kPickFirst = 32768, kPickEnd = 49152;
 
 // A port some id listens on (bound explicitly or picked): not picked again.
@@ -86,8 +88,8 @@ std::uint16_t pick_port() {
     for (unsigned n = 0; n < kPickEnd - kPickFirst; ++n) {
         const std::uint16_t p = next;
         next = next + 1 == kPickEnd ? kPickFirst : static_cast<std::uint16_t>(next + 1);
-        if (g_picked_ports.count(p) == 0 && !listened_on(p)) {
-            g_picked_ports.insert(p);
+        if (g_bound_ports.count(p) == 0 && !listened_on(p)) {
+            g_bound_ports.insert(p);
             return p;
         }
     }
@@ -264,7 +266,7 @@ int rdma_destroy_id(rdma_cm_id* id) {
         if (id->qp != nullptr) of(id->qp)->cm_id = nullptr;  // the QP stays the application's
         if (i->cm) g_by_cm.erase(i->cm.get());
         if (i->listener) g_by_listener.erase(i->listener.get());
-        if (i->picked_port) g_picked_ports.erase(i->src_port);
+        if (i->holds_port) g_bound_ports.erase(i->src_port);
         i->cm.reset();  // a connection still in use is reset
         i->listener.reset();
         forget();
@@ -310,17 +312,20 @@ int rdma_bind_addr(rdma_cm_id* id, sockaddr* addr) {
         errno = EINVAL;  // bound and in use already, as the kernel's rdma_cm answers
         return -1;
     }
-    if (i->picked_port) g_picked_ports.erase(i->src_port);
-    i->picked_port = false;
-    i->src_port = ntohs(sin->sin_port);
-    if (i->src_port == 0) {
-        i->src_port = pick_port();
-        if (i->src_port == 0) {
-            errno = EADDRINUSE;
-            return -1;
-        }
-        i->picked_port = true;
+    const std::uint16_t want = ntohs(sin->sin_port);
+    if (want != 0 && !(i->holds_port && i->src_port == want) && (g_bound_ports.count(want) != 0 || listened_on(want))) {
+        errno = EADDRINUSE;  // another id's (the id keeps what it had)
+        return -1;
     }
+    if (i->holds_port) g_bound_ports.erase(i->src_port);
+    i->holds_port = false;
+    i->src_port = want != 0 ? want : pick_port();
+    if (i->src_port == 0) {
+        errno = EADDRINUSE;
+        return -1;
+    }
+    g_bound_ports.insert(i->src_port);
+    i->holds_port = true;
     id->verbs = device_context();
     fill_addr(i, *rt);
     return 0;
