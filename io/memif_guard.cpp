@@ -32,18 +32,28 @@
 #include "io/memif_layout.hpp"
 
 #include "base/copy.hpp"
+#include "base/log.hpp"
 #include "base/prefetch.hpp"
 #include "base/tsan.hpp"
 
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstddef>
+#include <cstdlib>
 #include <cstring>
 #include <iterator>
+#include <string_view>
+#include <thread>
 #include <vector>
 
 #include <rte_ethdev.h>
@@ -182,6 +192,139 @@ std::string MemifGuard::describe() const {
            ", flags " + std::to_string(__atomic_load_n(&p->flags, __ATOMIC_ACQUIRE)) + ", rings " +
            std::to_string(p->run.num_c2s_rings) + "/" + std::to_string(p->run.num_s2c_rings) + ", lock " +
            (p->cc_lock.locked ? "taken" : "free") + (held_ ? " (by us)" : "");
+}
+
+}  // namespace softrdma::io::detail
+
+// ---- A server socket's listener --------------------------------------------------------------------------
+//
+// DPDK 22.11's memif driver never closes a server socket's listening descriptor nor unregisters its interrupt
+// callback: when the last device on the socket goes, memif_socket_remove_device frees the socket and its
+// interrupt instance and leaves both behind. The listener stays bound (to an abstract name, the driver's
+// default), so clients still connect to it (one with memif_reconnect every kRelinkPeriod); one waiting in its
+// backlog wakes the interrupt thread again and again, each time calling the callback with the freed socket,
+// whose accept fails: a whole core until the process ends (2.94 s of CPU in 3 s after a server's close), and
+// no new server on that socket in this process (its bind finds the name taken). Connections the listener had
+// accepted but no device took (a client's handshake still under way) keep a pointer to the socket too, which
+// they follow when the client's INIT message comes.
+//
+// So before the last device on a server socket stops (port.cpp, Port::close):
+// 1. every listener of this process bound to the name gets a never-readable eventfd dup3()'d under its number:
+//    the listener is closed (the name free, its backlog reset) and the number stays taken for the process's
+//    life, since the interrupt thread's list keeps the stale source by number and re-adds it to every epoll
+//    set it builds (an empty number there would be refused, a reused one would run the stale callback on
+//    someone else's file); one descriptor per server socket closed, which the driver leaked anyway;
+// 2. every connection accepted on the name (its local address is the listener's) is shut down: the interrupt
+//    thread reads end of file and frees it on its error path, which does not follow the socket pointer;
+// 3. a callback of our own on a fresh eventfd, registered and made readable: registering makes the interrupt
+//    thread rebuild its epoll set (which drops the listener's file even where a forked child still holds it),
+//    and once it has run, every callback of the events collected before has returned (one thread, in turn);
+// 4. then the accepted connections' descriptors must be gone (the driver closes them as it frees them).
+namespace softrdma::io::detail {
+namespace {
+
+enum class UnixRole { other, listener, accepted };
+
+// What `fd` is to the memif socket `name`: its listener, a connection the listener accepted (bound to the
+// listener's address), or neither. The driver binds abstract names (the default) of at most 106 bytes.
+UnixRole unix_role(int fd, const std::string& name) noexcept {
+    struct stat st{};
+    if (::fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) return UnixRole::other;
+    sockaddr_un a{};
+    socklen_t alen = sizeof a;
+    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &alen) != 0 || a.sun_family != AF_UNIX ||
+        alen <= offsetof(sockaddr_un, sun_path))
+        return UnixRole::other;
+    std::string_view path(a.sun_path, alen - offsetof(sockaddr_un, sun_path));
+    const bool abstract = path.front() == '\0';
+    if (abstract) path.remove_prefix(1);
+    path = path.substr(0, path.find('\0'));  // a file name is NUL-terminated; an abstract one cut as the driver did
+    const std::string_view want = abstract ? std::string_view(name).substr(0, sizeof a.sun_path - 2) : std::string_view(name);
+    if (path.empty() || path != want) return UnixRole::other;
+    int listening = 0;
+    socklen_t len = sizeof listening;
+    if (::getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) != 0) return UnixRole::other;
+    return listening != 0 ? UnixRole::listener : UnixRole::accepted;
+}
+
+// This process's descriptors that are `role` to `name`.
+std::vector<int> unix_fds(const std::string& name, UnixRole role) {
+    std::vector<int> fds;
+    DIR* d = ::opendir("/proc/self/fd");
+    if (d == nullptr) return fds;
+    const int own = ::dirfd(d);
+    while (const dirent* e = ::readdir(d)) {
+        char* end = nullptr;
+        const long fd = std::strtol(e->d_name, &end, 10);
+        if (end == e->d_name || *end != '\0' || fd == own) continue;
+        if (unix_role(static_cast<int>(fd), name) == role) fds.push_back(static_cast<int>(fd));
+    }
+    ::closedir(d);
+    return fds;
+}
+
+std::atomic<unsigned> g_interrupt_turns{0};
+
+void count_turn(void* arg) {  // on DPDK's interrupt thread
+    std::uint64_t v = 0;
+    [[maybe_unused]] const ssize_t r = ::read(static_cast<int>(reinterpret_cast<std::intptr_t>(arg)), &v, sizeof v);
+    g_interrupt_turns.fetch_add(1, std::memory_order_release);
+}
+
+// Step 3 above: true once the interrupt thread has rebuilt its epoll set and returned from every callback of
+// the events it collected before this call.
+bool interrupt_thread_turn(std::chrono::steady_clock::time_point deadline) {
+    const int efd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (efd < 0) return false;
+    rte_intr_handle* h = rte_intr_instance_alloc(RTE_INTR_INSTANCE_F_PRIVATE);
+    void* arg = reinterpret_cast<void*>(static_cast<std::intptr_t>(efd));
+    bool turned = false;
+    if (h != nullptr && rte_intr_fd_set(h, efd) == 0 && rte_intr_type_set(h, RTE_INTR_HANDLE_EXT) == 0 &&
+        rte_intr_callback_register(h, count_turn, arg) == 0) {
+        const unsigned before = g_interrupt_turns.load(std::memory_order_acquire);
+        const std::uint64_t one = 1;
+        if (::write(efd, &one, sizeof one) == sizeof one)
+            while (!(turned = g_interrupt_turns.load(std::memory_order_acquire) != before) &&
+                   std::chrono::steady_clock::now() < deadline)
+                std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        rte_intr_callback_unregister_sync(h, count_turn, arg);  // waits for a run in progress
+    }
+    if (h != nullptr) rte_intr_instance_free(h);
+    ::close(efd);  // unregistered: no source names the number any more
+    return turned;
+}
+
+}  // namespace
+
+bool retire_memif_listener(const std::string& socket, const std::string& port, std::chrono::milliseconds limit) noexcept {
+    try {
+        const auto deadline = std::chrono::steady_clock::now() + limit;
+        static int never_readable = -1;  // never written; callers hold port.cpp's socket lock
+        if (never_readable < 0) never_readable = ::eventfd(0, EFD_CLOEXEC);
+        if (never_readable < 0) {
+            log::error("{}: no eventfd ({}): memif socket {}'s listener left to the driver", port, std::strerror(errno), socket);
+            return false;
+        }
+        for (const int fd : unix_fds(socket, UnixRole::listener)) ::dup3(never_readable, fd, O_CLOEXEC);
+        for (const int fd : unix_fds(socket, UnixRole::accepted)) ::shutdown(fd, SHUT_RDWR);
+        if (!interrupt_thread_turn(deadline)) {
+            log::error("{}: DPDK's interrupt thread took no turn in {} ms while memif socket {} closed", port,
+                       limit.count(), socket);
+            return false;
+        }
+        while (!unix_fds(socket, UnixRole::accepted).empty()) {
+            if (std::chrono::steady_clock::now() >= deadline) {
+                log::error("{}: connections accepted on memif socket {} still open after {} ms", port, socket,
+                           limit.count());
+                return false;
+            }
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+        return true;
+    } catch (const std::exception& e) {
+        log::error("{}: memif socket {}'s listener: {}", port, socket, e.what());
+        return false;
+    }
 }
 
 }  // namespace softrdma::io::detail

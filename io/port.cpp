@@ -3,10 +3,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
-#include <sys/eventfd.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/un.h>
 #include <sched.h>
 #include <unistd.h>
 
@@ -15,12 +12,8 @@
 #include <cerrno>
 #include <mutex>
 #include <cstdio>
-#include <cstddef>
-#include <cstdlib>
-#include <cstring>
 #include <fstream>
 #include <map>
-#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -108,6 +101,9 @@ constexpr std::chrono::milliseconds kDisconnectTimeout{5000};  // generous: a lo
 constexpr std::chrono::microseconds kWatchPeriod{1000};
 // How often a memif client whose server left tries to connect again (Port::watch_link).
 constexpr std::chrono::milliseconds kRelinkPeriod{20};
+// A closing memif server socket: DPDK's interrupt thread must take its listener's retirement in this long
+// (detail::retire_memif_listener; it takes microseconds unless the thread is stuck in a callback).
+constexpr std::chrono::milliseconds kListenerTimeout{2000};
 
 // The memif driver's log, muted while it would only repeat what we already handle (a client's failed connect
 // attempts while it waits for its server). mute() and restore() in pairs on one object; mute() twice is one.
@@ -189,6 +185,7 @@ std::string to_string(const MacAddress& mac) { return format_mac(mac); }
 Port::Port(std::uint16_t port_id, std::string name, const PortConfig& cfg, bool memif_zero_copy)
     : port_id_(port_id), name_(std::move(name)), mtu_(cfg.mtu), memif_(cfg.backend == Backend::memif),
       memif_client_(memif_ && !cfg.memif_server), memif_reconnect_(memif_client_ && cfg.memif_reconnect),
+      memif_socket_(memif_ ? cfg.memif_socket : std::string()),
       large_frames_(memif_ && cfg.memif_large_frames),
       memif_zero_copy_(memif_client_ && memif_zero_copy),
       driver_held_(memif_zero_copy_ ? 2u << memif_log2_ring(cfg) : 0),
@@ -296,87 +293,34 @@ void restore_eal_files(const std::string& port) noexcept {
 
 }  // namespace
 
-// ---- a memif server socket's listener, at the last server's close (DPDK 22.11) -----------------------------
+// ---- memif devices per socket name ----------------------------------------------------------------------
 //
-// DPDK 22.11's memif driver never closes a server socket's listening descriptor nor unregisters its interrupt
-// callback: when the last device on the socket goes, memif_socket_remove_device frees the socket and its
-// interrupt instance and leaves both behind. The listener stays bound (to its abstract name, the driver's
-// default), so clients still connect to it (a client with memif_reconnect tries every kRelinkPeriod), and one
-// waiting in its backlog wakes DPDK's interrupt thread again and again, each time calling the callback with the
-// freed socket, whose accept fails: a whole core spent until the process ends (measured: 2.94 s of CPU in 3 s
-// after a server's close), a use after free in the driver, and no new server on the same socket in this
-// process (its bind finds the name taken). So before the last server port on a socket stops, its listener is
-// taken from under the driver: dup3() makes the number a duplicate of an eventfd that is never readable, which
-// closes the listener in the same step (out of the interrupt thread's epoll set, the name free, a connection
-// waiting in the backlog reset: its client sees a disconnect). The number stays taken for the process's life,
-// so that no later file gets it and with it the stale callback: one descriptor per server socket closed, which
-// the driver leaked anyway.
+// DPDK's memif driver ties a device to its socket (one per name, shared by the devices on it) from probe to
+// close. The last device on a server socket takes the listener from the driver before it stops
+// (detail::retire_memif_listener, memif_guard.cpp: DPDK 22.11 leaves it behind). What counts here is every
+// memif device, any role, from a successful probe (open_port) until rte_eth_dev_close; probes and closes of
+// memif devices hold the lock throughout, so no device joins a socket between its listener's retirement and
+// the close that frees it.
 namespace {
 
-std::mutex g_listeners_lock;
-std::map<std::string, unsigned> g_listeners;  // memif server ports started per socket name (control path only)
-
-// `fd` is a listening AF_UNIX socket bound to `name`, as a file path or (DPDK's default) an abstract name.
-bool unix_listener_named(int fd, const std::string& name) noexcept {
-    struct stat st{};
-    if (::fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) return false;
-    int listening = 0;
-    socklen_t len = sizeof listening;
-    if (::getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) != 0 || listening == 0) return false;
-    sockaddr_un a{};
-    socklen_t alen = sizeof a;
-    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &alen) != 0 || a.sun_family != AF_UNIX ||
-        alen <= offsetof(sockaddr_un, sun_path))
-        return false;
-    std::string_view path(a.sun_path, alen - offsetof(sockaddr_un, sun_path));
-    if (path.front() == '\0')
-        path.remove_prefix(1);  // abstract: the name is the rest, exactly
-    else
-        path = path.substr(0, path.find('\0'));  // a file: NUL-terminated
-    return path == name;
-}
-
-// Every listener of this process bound to `name` retired as above; how many. Logs and returns 0 on failure.
-unsigned retire_listeners(const std::string& name, const std::string& port) noexcept {
-    static const int never_readable = ::eventfd(0, EFD_CLOEXEC);  // never written: never readable
-    if (never_readable < 0) {
-        log::error("{}: no eventfd ({}): the memif server's listener is left to the driver", port, std::strerror(errno));
-        return 0;
-    }
-    std::vector<int> fds;
-    if (DIR* d = ::opendir("/proc/self/fd")) {
-        const int own = ::dirfd(d);
-        while (const dirent* e = ::readdir(d)) {
-            char* end = nullptr;
-            const long fd = std::strtol(e->d_name, &end, 10);
-            if (end != e->d_name && *end == '\0' && fd != own && fd != never_readable) fds.push_back(static_cast<int>(fd));
-        }
-        ::closedir(d);
-    }
-    unsigned retired = 0;
-    for (const int fd : fds)
-        if (unix_listener_named(fd, name) && ::dup3(never_readable, fd, O_CLOEXEC) == fd) ++retired;
-    return retired;
-}
+std::mutex g_memif_sockets_lock;
+std::map<std::string, unsigned> g_memif_devices;  // per socket name (control path only, under the lock)
 
 }  // namespace
 
-void Port::count_listener(const std::string& socket) {
-    const std::lock_guard<std::mutex> lock(g_listeners_lock);
-    ++g_listeners[socket];
-    listener_socket_ = socket;
-}
-
-void Port::retire_listener() noexcept {
-    if (listener_socket_.empty()) return;
-    const std::lock_guard<std::mutex> lock(g_listeners_lock);
-    const auto it = g_listeners.find(listener_socket_);
-    if (it != g_listeners.end() && --it->second == 0) {
-        g_listeners.erase(it);
-        if (retire_listeners(listener_socket_, name_) == 0)
-            log::warn("{}: found no listener on memif socket {} to take from the driver", name_, listener_socket_);
+// Under g_memif_sockets_lock, before the device stops: false when the device must not be closed.
+bool Port::leave_memif_socket() noexcept {
+    const auto it = g_memif_devices.find(memif_socket_);
+    if (it == g_memif_devices.end() || it->second == 0) return true;  // never counted (not probed by open_port)
+    if (it->second > 1) {
+        --it->second;
+        return true;
     }
-    listener_socket_.clear();
+    // The last device on the socket (whichever role probed first made it a listening one): without the guard
+    // (not DPDK 22.11) the driver is left as it is.
+    if (guard_.attached() && !detail::retire_memif_listener(memif_socket_, name_, kListenerTimeout)) return false;
+    g_memif_devices.erase(it);
+    return true;
 }
 
 // ---- the burst gate and the memif link watcher ------------------------------------------------------------
@@ -577,7 +521,14 @@ Port::CloseResult Port::close() noexcept {
             // the interrupt thread handled the peer's disconnect, so the port is left to process exit.
             return close_result_;
         }
-        retire_listener();  // the last memif server on its socket: the listener out of the driver's hands (above)
+        std::unique_lock<std::mutex> sockets(g_memif_sockets_lock, std::defer_lock);
+        if (memif_) {
+            sockets.lock();  // until the device is gone from its socket (above)
+            if (!leave_memif_socket()) {
+                log::error("{}: memif socket {} not released; port left to process exit", name_, memif_socket_);
+                return close_result_;
+            }
+        }
         if (rte_eth_dev_stop(port_id_) != 0 || rte_eth_dev_close(port_id_) != 0) {
             log::error("{}: DPDK refused to stop or close the port", name_);
             return close_result_;
@@ -836,7 +787,6 @@ void Port::start(const PortConfig& cfg) {
                          : std::string()));
     started_ = true;
     if (rte_eth_dev_info_get(port_id_, &info) == 0 && info.device != nullptr) device_name_ = rte_dev_name(info.device);
-    if (memif_ && !memif_client_) count_listener(cfg.memif_socket);
     if (memif_) attach_guard(cfg);
 
     rte_ether_addr a{};
@@ -965,14 +915,20 @@ std::unique_ptr<Port> open_port(const PortConfig& cfg, const EalConfig& eal_cfg)
     if (g_eal_files_lost)
         throw Error("memif zero-copy lost this process's hugepage files earlier (logged then): no more ports");
     const DeviceArgs dev = device_args(cfg, zero_copy);
-    if (!eal_started()) {
-        EalConfig eal = eal_cfg;
-        if (dev.pci) eal.extra_args.insert(eal.extra_args.end(), {"-a", dev.args});
-        else eal.vdevs.push_back(dev.args);
-        start_eal(eal);
-    } else if (!dev.pci) {
-        if (rte_dev_probe(dev.args.c_str()) != 0)
-            throw Error("DPDK could not create device '" + dev.args + "' (unknown driver or bad arguments)");
+    {
+        // A memif device joins its socket at the probe (see "memif devices per socket name").
+        std::unique_lock<std::mutex> sockets(g_memif_sockets_lock, std::defer_lock);
+        if (cfg.backend == Backend::memif) sockets.lock();
+        if (!eal_started()) {
+            EalConfig eal = eal_cfg;
+            if (dev.pci) eal.extra_args.insert(eal.extra_args.end(), {"-a", dev.args});
+            else eal.vdevs.push_back(dev.args);
+            start_eal(eal);
+        } else if (!dev.pci) {
+            if (rte_dev_probe(dev.args.c_str()) != 0)
+                throw Error("DPDK could not create device '" + dev.args + "' (unknown driver or bad arguments)");
+        }
+        if (cfg.backend == Backend::memif) ++g_memif_devices[cfg.memif_socket];
     }
     std::uint16_t id = 0;
     if (rte_eth_dev_get_port_by_name(dev.name.c_str(), &id) != 0) {

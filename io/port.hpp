@@ -228,10 +228,7 @@ private:
     void start(const PortConfig& cfg);
     void wait_link(std::chrono::milliseconds timeout);
     void attach_guard(const PortConfig& cfg);
-    // A memif server socket's listener (port.cpp): counted when a server starts, taken from DPDK's driver when
-    // the last server port on the socket closes.
-    void count_listener(const std::string& socket);
-    void retire_listener() noexcept;
+    bool leave_memif_socket() noexcept;  // port.cpp, "memif devices per socket name"
     void open_gate(std::chrono::steady_clock::time_point deadline);
     bool shut_gate(std::chrono::milliseconds limit) noexcept;
     static void* watch_link_main(void* self) noexcept;
@@ -292,6 +289,7 @@ private:
     bool memif_ = false;
     bool memif_client_ = false;
     bool memif_reconnect_ = false;  // PortConfig::memif_reconnect (clients only)
+    std::string memif_socket_;  // memif: PortConfig::memif_socket
     bool large_frames_ = false;
     bool memif_zero_copy_ = false;
     bool own_server_path_ = false;  // a memif server moving frames itself (server_path_), set before the gate opens
@@ -299,7 +297,6 @@ private:
     unsigned tx_max_segments_ = 0;
     bool vdev_ = false;  // created on DPDK's vdev bus: removed from it when closed, so it can be opened again
     std::string device_name_;  // DPDK's device behind the port
-    std::string listener_socket_;  // a started memif server: its socket, counted in g_listeners (port.cpp)
     bool closed_ = false;
     CloseResult close_result_ = CloseResult::clean;
     // The burst gate (see Threads). open_: bursts may enter the driver; written by the control side only
