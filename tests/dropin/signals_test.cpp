@@ -182,7 +182,7 @@ TEST_CASE("a process-directed signal runs on a thread of the program, not on one
 }
 
 TEST_CASE("rdma_bind_addr to port 0 takes a free port at once, distinct per id, given back with the id; a bound "
-          "port is refused to another id",
+          "port is refused to another id as the kernel's rdma_cm refuses it",
           "[dropin][cm]") {
     rdma_event_channel* ch = rdma_create_event_channel();
     REQUIRE(ch != nullptr);
@@ -200,34 +200,52 @@ TEST_CASE("rdma_bind_addr to port 0 takes a free port at once, distinct per id, 
     }
     CHECK(ports.size() == 3);
     for (rdma_cm_id* id : ids) CHECK(rdma_destroy_id(id) == 0);
-    // A bound port, picked or given, listened on or not, is refused to another id (EADDRINUSE, as the kernel's
-    // rdma_cm answers) until its id is destroyed.
-    rdma_cm_id* a = nullptr;
-    rdma_cm_id* b = nullptr;
-    REQUIRE(rdma_create_id(ch, &a, nullptr, RDMA_PS_TCP) == 0);
-    REQUIRE(rdma_create_id(ch, &b, nullptr, RDMA_PS_TCP) == 0);
-    sockaddr_in fixed = addr("0.0.0.0", 7472);
-    REQUIRE(rdma_bind_addr(a, reinterpret_cast<sockaddr*>(&fixed)) == 0);
-    errno = 0;
-    CHECK(rdma_bind_addr(b, reinterpret_cast<sockaddr*>(&fixed)) == -1);  // bound, not yet listened on
-    CHECK(errno == EADDRINUSE);
+    // A port one id holds, picked or given, listened on or not, is refused to another until that id is
+    // destroyed, as the kernel's rdma_cm does (cma_check_port): EADDRNOTAVAIL when either bind names the
+    // wildcard address, EADDRINUSE when both name the device's; RDMA_OPTION_ID_REUSEADDR on both lets the
+    // second bind through (a second listener still fails). An id binds once (EINVAL after).
+    const auto bind = [](rdma_cm_id* id, const char* ip, std::uint16_t port) {
+        sockaddr_in a = addr(ip, port);
+        errno = 0;
+        return rdma_bind_addr(id, reinterpret_cast<sockaddr*>(&a)) == 0 ? 0 : errno;
+    };
+    const auto make = [&] {
+        rdma_cm_id* id = nullptr;
+        REQUIRE(rdma_create_id(ch, &id, nullptr, RDMA_PS_TCP) == 0);
+        return id;
+    };
+    constexpr const char* kAny = "0.0.0.0";
+    constexpr const char* kOurs = "198.18.0.1";  // the device's (tests/dropin/meson.build)
+    rdma_cm_id* a = make();
+    rdma_cm_id* b = make();
+    CHECK(bind(a, kAny, 7472) == 0);
+    CHECK(bind(a, kAny, 7473) == EINVAL);    // bound already
+    CHECK(bind(b, kAny, 7472) == EADDRNOTAVAIL);
+    CHECK(bind(b, kOurs, 7472) == EADDRNOTAVAIL);
     REQUIRE(rdma_listen(a, 0) == 0);
-    errno = 0;
-    CHECK(rdma_bind_addr(b, reinterpret_cast<sockaddr*>(&fixed)) == -1);  // listened on
-    CHECK(errno == EADDRINUSE);
-    sockaddr_in any = addr("0.0.0.0", 0);
-    REQUIRE(rdma_bind_addr(b, reinterpret_cast<sockaddr*>(&any)) == 0);
-    sockaddr_in picked = addr("0.0.0.0", ntohs(rdma_get_src_port(b)));
-    rdma_cm_id* c = nullptr;
-    REQUIRE(rdma_create_id(ch, &c, nullptr, RDMA_PS_TCP) == 0);
-    errno = 0;
-    CHECK(rdma_bind_addr(c, reinterpret_cast<sockaddr*>(&picked)) == -1);  // picked by b
-    CHECK(errno == EADDRINUSE);
-    CHECK(rdma_bind_addr(b, reinterpret_cast<sockaddr*>(&picked)) == 0);   // b binding what it holds
+    CHECK(bind(b, kAny, 7472) == EADDRNOTAVAIL);  // listened on
+    CHECK(bind(b, kAny, 0) == 0);
+    const std::uint16_t picked = ntohs(rdma_get_src_port(b));
+    rdma_cm_id* c = make();
+    CHECK(bind(c, kAny, picked) == EADDRNOTAVAIL);  // picked by b
     rdma_destroy_id(a);
-    CHECK(rdma_bind_addr(c, reinterpret_cast<sockaddr*>(&fixed)) == 0);    // free again with a gone
+    CHECK(bind(c, kAny, 7472) == 0);  // free again with a gone
     CHECK(rdma_listen(c, 0) == 0);
     rdma_destroy_id(b);
     rdma_destroy_id(c);
+    // Both on the device's address: EADDRINUSE; with REUSEADDR on both the bind goes through, the second
+    // listen does not.
+    rdma_cm_id* d = make();
+    rdma_cm_id* e = make();
+    CHECK(bind(d, kOurs, 7474) == 0);
+    CHECK(bind(e, kOurs, 7474) == EADDRINUSE);
+    int on = 1;
+    CHECK(rdma_set_option(d, RDMA_OPTION_ID, RDMA_OPTION_ID_REUSEADDR, &on, sizeof on) == 0);
+    CHECK(rdma_set_option(e, RDMA_OPTION_ID, RDMA_OPTION_ID_REUSEADDR, &on, sizeof on) == 0);
+    CHECK(bind(e, kOurs, 7474) == 0);
+    CHECK(rdma_listen(d, 0) == 0);
+    CHECK(rdma_listen(e, 0) == -1);
+    rdma_destroy_id(d);
+    rdma_destroy_id(e);
     rdma_destroy_event_channel(ch);
 }

@@ -16,7 +16,6 @@
 #include <cstring>
 #include <deque>
 #include <map>
-#include <set>
 #include <vector>
 
 #include "base/log.hpp"
@@ -56,8 +55,9 @@ struct Id {
     Ipv4 dst{};
     std::uint16_t dst_port{0};
     std::uint16_t src_port{0};
-    bool holds_port{false};  // src_port was bound by rdma_bind_addr (given or picked): in g_bound_ports until
-                             // the id goes or binds again
+    bool bound{false};      // by rdma_bind_addr: src_port held (in g_port_owners) until the id is destroyed
+    bool any_addr{false};   // bound to INADDR_ANY (else to the device's address)
+    bool reuseaddr{false};  // RDMA_OPTION_ID_REUSEADDR
 };
 
 // Channels destroyed, kept for threads still on their way into rdma_get_cm_event (under the lock). Never
@@ -69,12 +69,33 @@ std::vector<EvChannel*>& g_destroyed_channels = *new std::vector<EvChannel*>;
 std::map<const verbs::CmId*, Id*> g_by_cm;
 std::map<const verbs::CmListener*, Id*> g_by_listener;
 
-// Ports ids hold through rdma_bind_addr (control path, under the lock). As with the kernel's rdma_cm, a port
-// bound by one id is refused to another (EADDRINUSE) until that id is destroyed, and binding port 0 takes a
-// free ephemeral port at once (qperf's server reads it with rdma_get_src_port and sends it to its client
-// before rdma_listen). The range stays below lwIP's own ephemeral ports (TCP_LOCAL_PORT_RANGE_START, 0xc000),
-// which outgoing connections take.
-std::set<std::uint16_t> g_bound_ports;
+// The ids holding each port through rdma_bind_addr (control path, under the lock). As with the kernel's
+// rdma_cm (cma_check_port): a port one id holds is refused to another until it is destroyed, EADDRNOTAVAIL when
+// either is bound to the wildcard address and EADDRINUSE when both name the device's, unless both set
+// RDMA_OPTION_ID_REUSEADDR (a second listener still fails, at rdma_listen); binding port 0 takes a free ephemeral
+// port at once (qperf's server reads it with rdma_get_src_port and sends it to its client before
+// rdma_listen). The range stays below lwIP's own ephemeral ports (TCP_LOCAL_PORT_RANGE_START, 0xc000), which
+// outgoing connections take.
+std::map<std::uint16_t, std::vector<const Id*>> g_port_owners;
+
+// 0, or the errno binding `id` to `port` meets (the kernel's cma_check_port).
+int port_conflict(const Id* id, std::uint16_t port) {
+    const auto it = g_port_owners.find(port);
+    if (it == g_port_owners.end()) return 0;
+    for (const Id* o : it->second) {
+        if (o == id || (id->reuseaddr && o->reuseaddr)) continue;
+        return id->any_addr || o->any_addr ? EADDRNOTAVAIL : EADDRINUSE;
+    }
+    return 0;
+}
+
+void release_port(const Id* id) {
+    if (!id->bound) return;
+    const auto it = g_port_owners.find(id->src_port);
+    if (it == g_port_owners.end()) return;
+    std::erase(it->second, id);
+    if (it->second.empty()) g_port_owners.erase(it);
+}
 constexpr std::uint16_t kPickFirst = 32768, kPickEnd = 49152;
 
 // A port some id listens on (bound explicitly or picked): not picked again.
@@ -88,10 +109,7 @@ std::uint16_t pick_port() {
     for (unsigned n = 0; n < kPickEnd - kPickFirst; ++n) {
         const std::uint16_t p = next;
         next = next + 1 == kPickEnd ? kPickFirst : static_cast<std::uint16_t>(next + 1);
-        if (g_bound_ports.count(p) == 0 && !listened_on(p)) {
-            g_bound_ports.insert(p);
-            return p;
-        }
+        if (g_port_owners.count(p) == 0 && !listened_on(p)) return p;
     }
     return 0;
 }
@@ -266,7 +284,7 @@ int rdma_destroy_id(rdma_cm_id* id) {
         if (id->qp != nullptr) of(id->qp)->cm_id = nullptr;  // the QP stays the application's
         if (i->cm) g_by_cm.erase(i->cm.get());
         if (i->listener) g_by_listener.erase(i->listener.get());
-        if (i->holds_port) g_bound_ports.erase(i->src_port);
+        release_port(i);
         i->cm.reset();  // a connection still in use is reset
         i->listener.reset();
         forget();
@@ -308,24 +326,25 @@ int rdma_bind_addr(rdma_cm_id* id, sockaddr* addr) {
     }
     Guard g(*rt);
     Id* i = of_id(id);
-    if (i->listener || i->cm) {
-        errno = EINVAL;  // bound and in use already, as the kernel's rdma_cm answers
+    if (i->bound || i->listener || i->cm) {
+        errno = EINVAL;  // bound or in use already: the kernel's rdma_cm binds an id once, while it is idle
         return -1;
     }
-    const std::uint16_t want = ntohs(sin->sin_port);
-    if (want != 0 && !(i->holds_port && i->src_port == want) && (g_bound_ports.count(want) != 0 || listened_on(want))) {
-        errno = EADDRINUSE;  // another id's (the id keeps what it had)
+    i->any_addr = sin->sin_addr.s_addr == INADDR_ANY;
+    std::uint16_t port = ntohs(sin->sin_port);
+    if (port == 0) {
+        port = pick_port();
+        if (port == 0) {
+            errno = EADDRNOTAVAIL;  // none free (the kernel's cma_alloc_any_port)
+            return -1;
+        }
+    } else if (const int e = port_conflict(i, port); e != 0) {
+        errno = e;
         return -1;
     }
-    if (i->holds_port) g_bound_ports.erase(i->src_port);
-    i->holds_port = false;
-    i->src_port = want != 0 ? want : pick_port();
-    if (i->src_port == 0) {
-        errno = EADDRINUSE;
-        return -1;
-    }
-    g_bound_ports.insert(i->src_port);
-    i->holds_port = true;
+    i->src_port = port;
+    g_port_owners[port].push_back(i);
+    i->bound = true;
     id->verbs = device_context();
     fill_addr(i, *rt);
     return 0;
@@ -555,10 +574,29 @@ const char* rdma_event_str(rdma_cm_event_type e) {
     return "UNKNOWN EVENT";
 }
 
-int rdma_set_option(rdma_cm_id*, int level, int, void*, std::size_t) {
-    if (level == RDMA_OPTION_ID) return 0;  // TOS, reuse-address, AF-only: nothing to change here
-    errno = ENOSYS;
-    return -1;
+int rdma_set_option(rdma_cm_id* id, int level, int name, void* value, std::size_t len) {
+    if (level != RDMA_OPTION_ID) {
+        errno = ENOSYS;
+        return -1;
+    }
+    if (name != RDMA_OPTION_ID_REUSEADDR) return 0;  // TOS, AF-only, timeouts: nothing to change here
+    if (value == nullptr || len != sizeof(int)) {
+        errno = EINVAL;
+        return -1;
+    }
+    int reuse = 0;
+    std::memcpy(&reuse, value, sizeof reuse);
+    Runtime* rt = Runtime::get();
+    std::unique_lock<std::mutex> lock;
+    if (rt != nullptr) lock = std::unique_lock<std::mutex>(rt->lock());
+    Id* i = of_id(id);
+    // The kernel's rdma_set_reuseaddr: on an idle id, or turned on while not listening.
+    if (i->bound && !(reuse != 0 && !i->listener)) {
+        errno = EINVAL;
+        return -1;
+    }
+    i->reuseaddr = reuse != 0;
+    return 0;
 }
 
 __be16 rdma_get_src_port(rdma_cm_id* id) { return htons(of_id(id)->src_port); }
