@@ -45,7 +45,7 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 constexpr unsigned kRounds = 3;
-constexpr auto kWait = 10s;  // the link, a frame
+constexpr auto kWait = 20s;  // the link, a frame (each server process starts its EAL first: seconds under TSan)
 // After its close a server sleeps kQuiet and may have used at most kQuietCpu of CPU meanwhile (the spinning
 // interrupt thread took all of it).
 constexpr auto kQuiet = 500ms;
