@@ -62,6 +62,17 @@ if pair ucmatose "ucmatose" "ucmatose -s 198.18.0.1"; then
   else fail "ucmatose output"; fi
 fi
 
+# librdmacm's synchronous endpoints (rdma_create_ep, rdma_get_request, ids without a channel, the CQs
+# rdma_create_qp makes): rdma_server/rdma_client and rdma_xserver/rdma_xclient exchange a message each way and
+# print "end 0" only when every call and completion succeeded.
+for p in rdma_ rdma_x; do
+  if pair "${p}server" "${p}server" "${p}client -s 198.18.0.1"; then
+    if grep -q "^${p}server: end 0" "$work/${p}server.server" && grep -q "^${p}client: end 0" "$work/${p}server.client"; then
+      pass "${p}server/${p}client: end 0 both"
+    else fail "${p}server/${p}client output"; tail -5 "$work/${p}server.server" "$work/${p}server.client"; fi
+  fi
+done
+
 # perftest over rdma_cm (-R): a results line under the header, a positive figure in it.
 # Under ASan, no leak check for perftest: it never destroys its event channel nor frees its own buffers, and
 # what it leaks holds our objects (the programs above free everything and are leak-checked).

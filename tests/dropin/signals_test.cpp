@@ -249,3 +249,46 @@ TEST_CASE("rdma_bind_addr to port 0 takes a free port at once, distinct per id, 
     rdma_destroy_id(e);
     rdma_destroy_event_channel(ch);
 }
+
+TEST_CASE("a synchronous id (no channel) waits for each call's event and keeps it; rdma_get_request needs one",
+          "[dropin][cm]") {
+    rdma_cm_id* id = nullptr;
+    REQUIRE(rdma_create_id(nullptr, &id, nullptr, RDMA_PS_TCP) == 0);
+    REQUIRE(id->channel != nullptr);  // its own
+    sockaddr_in dst = addr("198.18.0.2", 7480);
+    REQUIRE(rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&dst), 2000) == 0);
+    REQUIRE(id->event != nullptr);
+    CHECK(id->event->event == RDMA_CM_EVENT_ADDR_RESOLVED);
+    CHECK(id->pd != nullptr);  // the device's PD once the id has the device (rdma_reg_msgs uses it)
+    REQUIRE(rdma_resolve_route(id, 2000) == 0);
+    REQUIRE(id->event != nullptr);
+    CHECK(id->event->event == RDMA_CM_EVENT_ROUTE_RESOLVED);
+    // rdma_create_qp without CQs makes both, with completion channels and the id as their context.
+    ibv_qp_init_attr attr{};
+    attr.qp_type = IBV_QPT_RC;
+    attr.cap.max_send_wr = attr.cap.max_recv_wr = 4;
+    attr.cap.max_send_sge = attr.cap.max_recv_sge = 1;
+    REQUIRE(rdma_create_qp(id, nullptr, &attr) == 0);
+    REQUIRE(id->send_cq != nullptr);
+    REQUIRE(id->recv_cq != nullptr);
+    CHECK(id->send_cq != id->recv_cq);
+    CHECK(id->send_cq->cq_context == id);
+    CHECK(id->send_cq_channel != nullptr);
+    CHECK(id->recv_cq_channel != nullptr);
+    CHECK(id->qp->pd == id->pd);
+    rdma_destroy_qp(id);
+    CHECK(id->send_cq == nullptr);
+    CHECK(id->recv_cq_channel == nullptr);
+    CHECK(rdma_destroy_id(id) == 0);  // with the event it kept and its channel
+    // rdma_get_request: synchronous listeners only.
+    rdma_event_channel* ch = rdma_create_event_channel();
+    REQUIRE(ch != nullptr);
+    rdma_cm_id* async_id = nullptr;
+    REQUIRE(rdma_create_id(ch, &async_id, nullptr, RDMA_PS_TCP) == 0);
+    rdma_cm_id* got = nullptr;
+    errno = 0;
+    CHECK(rdma_get_request(async_id, &got) == -1);
+    CHECK(errno == EINVAL);
+    rdma_destroy_id(async_id);
+    rdma_destroy_event_channel(ch);
+}

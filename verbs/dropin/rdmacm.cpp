@@ -58,6 +58,12 @@ struct Id {
     bool bound{false};      // by rdma_bind_addr: src_port held (in g_port_owners) until the id is destroyed
     bool any_addr{false};   // bound to INADDR_ANY (else to the device's address)
     bool reuseaddr{false};  // RDMA_OPTION_ID_REUSEADDR
+    // Synchronous (created without a channel, by rdma_create_ep, or a request taken by rdma_get_request): the id
+    // has a channel of its own, and each call that produces an event waits for it and keeps it in id.event
+    // until the next such call or the id's end, as librdmacm's ucma_complete does.
+    bool sync{false};
+    std::unique_ptr<ibv_qp_init_attr> ep_attr;  // rdma_create_ep's QP attributes for a passive endpoint's requests
+    bool own_cqs{false};  // rdma_create_qp made id.send_cq / recv_cq and their channels: rdma_destroy_qp ends them
 };
 
 // Channels destroyed, kept for threads still on their way into rdma_get_cm_event (under the lock). Never
@@ -161,6 +167,7 @@ void after_turn() noexcept {
                 Id* parent = l->second;
                 auto* child = new Id;
                 child->id.verbs = parent->id.verbs;
+                child->id.pd = parent->id.pd;
                 child->id.channel = parent->id.channel;
                 child->id.context = parent->id.context;
                 child->id.ps = parent->id.ps;
@@ -220,6 +227,31 @@ verbs::ConnParam conn_param(const Runtime& rt, const rdma_conn_param* p) {
     return cp;
 }
 
+// The PD an id names once it has the device (librdmacm's per-device PD: rdma_reg_msgs registers with id->pd
+// before any QP exists). One for the process, never freed. Called without the lock (ibv_alloc_pd takes it).
+ibv_pd* default_pd() {
+    static ibv_pd* pd = nullptr;
+    static std::mutex once;
+    const std::lock_guard<std::mutex> lock(once);
+    if (pd == nullptr) pd = ibv_alloc_pd(device_context());
+    return pd;
+}
+
+// A synchronous id's wait for the event of the call just made (librdmacm's ucma_complete): the event stays
+// in id.event (the previous one acked); -1 with errno from its status when it failed.
+int complete(Id* i) {
+    if (!i->sync) return 0;
+    if (i->id.event != nullptr) {
+        rdma_ack_cm_event(i->id.event);
+        i->id.event = nullptr;
+    }
+    if (rdma_get_cm_event(i->id.channel, &i->id.event) != 0) return -1;
+    const rdma_cm_event& e = *i->id.event;
+    if (e.status == 0) return 0;
+    errno = e.event == RDMA_CM_EVENT_REJECTED ? ECONNREFUSED : (e.status < 0 ? -e.status : e.status);
+    return -1;
+}
+
 }  // namespace
 }  // namespace softrdma::dropin
 
@@ -248,15 +280,14 @@ void rdma_destroy_event_channel(rdma_event_channel* channel) {
 }
 
 int rdma_create_id(rdma_event_channel* channel, rdma_cm_id** id, void* context, rdma_port_space ps) {
-    if (channel == nullptr) {
-        errno = ENOSYS;  // synchronous ids (rdma_create_ep) are not offered
-        return -1;
-    }
     if (ps != RDMA_PS_TCP) {
         errno = EINVAL;  // iWARP: reliable connected only
         return -1;
     }
+    const bool sync = channel == nullptr;  // a synchronous id: a channel of its own
+    if (sync && (channel = rdma_create_event_channel()) == nullptr) return -1;
     auto* i = new Id;
+    i->sync = sync;
     i->id.channel = channel;
     i->id.context = context;
     i->id.ps = ps;
@@ -291,6 +322,8 @@ int rdma_destroy_id(rdma_cm_id* id) {
     } else {
         forget();  // never bound to the device: no turn can queue for it
     }
+    if (id->event != nullptr) rdma_ack_cm_event(id->event);  // a synchronous id's last event
+    if (i->sync) rdma_destroy_event_channel(id->channel);
     delete i;
     return 0;
 }
@@ -298,17 +331,34 @@ int rdma_destroy_id(rdma_cm_id* id) {
 int rdma_migrate_id(rdma_cm_id* id, rdma_event_channel* channel) {
     Runtime* rt = runtime();
     if (rt == nullptr) return -1;
-    Guard g(*rt);
-    EvChannel* from = chan(id->channel);
-    EvChannel* to = chan(channel);
-    std::erase_if(from->queue, [&](Event* e) {
-        if (e->ev.id != id) return false;
-        to->queue.push_back(e);
-        return true;
-    });
-    from->update();
-    to->update();
-    id->channel = channel;
+    Id* i = of_id(id);
+    const bool sync = channel == nullptr;  // to a channel of its own (librdmacm: a synchronous id)
+    if (sync && i->sync) {
+        errno = EINVAL;
+        return -1;
+    }
+    if (sync && (channel = rdma_create_event_channel()) == nullptr) return -1;
+    rdma_event_channel* old = id->channel;
+    const bool was_sync = i->sync;
+    {
+        Guard g(*rt);
+        EvChannel* from = chan(id->channel);
+        EvChannel* to = chan(channel);
+        std::erase_if(from->queue, [&](Event* e) {
+            if (e->ev.id != id) return false;
+            to->queue.push_back(e);
+            return true;
+        });
+        from->update();
+        to->update();
+        id->channel = channel;
+        i->sync = sync;
+    }
+    if (was_sync) {  // its own channel goes, and the event it kept
+        if (id->event != nullptr) rdma_ack_cm_event(id->event);
+        id->event = nullptr;
+        rdma_destroy_event_channel(old);
+    }
     return 0;
 }
 
@@ -324,6 +374,7 @@ int rdma_bind_addr(rdma_cm_id* id, sockaddr* addr) {
         errno = EADDRNOTAVAIL;
         return -1;
     }
+    ibv_pd* pd = default_pd();  // before the lock (ibv_alloc_pd takes it)
     Guard g(*rt);
     Id* i = of_id(id);
     if (i->bound || i->listener || i->cm) {
@@ -346,6 +397,7 @@ int rdma_bind_addr(rdma_cm_id* id, sockaddr* addr) {
     g_port_owners[port].push_back(i);
     i->bound = true;
     id->verbs = device_context();
+    if (id->pd == nullptr) id->pd = pd;
     fill_addr(i, *rt);
     return 0;
 }
@@ -377,40 +429,81 @@ int rdma_resolve_addr(rdma_cm_id* id, sockaddr* src, sockaddr* dst, int) {
     }
     Runtime* rt = runtime();
     if (rt == nullptr) return -1;
-    Guard g(*rt);
+    ibv_pd* pd = default_pd();
     Id* i = of_id(id);
-    const auto* d = reinterpret_cast<const sockaddr_in*>(dst);
-    i->dst.be = d->sin_addr.s_addr;
-    i->dst_port = ntohs(d->sin_port);
-    id->verbs = device_context();
-    fill_addr(i, *rt);
-    queue_event(i, RDMA_CM_EVENT_ADDR_RESOLVED, 0);
-    return 0;
+    {
+        Guard g(*rt);
+        const auto* d = reinterpret_cast<const sockaddr_in*>(dst);
+        i->dst.be = d->sin_addr.s_addr;
+        i->dst_port = ntohs(d->sin_port);
+        id->verbs = device_context();
+        if (id->pd == nullptr) id->pd = pd;
+        fill_addr(i, *rt);
+        queue_event(i, RDMA_CM_EVENT_ADDR_RESOLVED, 0);
+    }
+    return complete(i);
 }
 
 int rdma_resolve_route(rdma_cm_id* id, int) {
     Runtime* rt = runtime();
     if (rt == nullptr) return -1;
-    Guard g(*rt);
-    queue_event(of_id(id), RDMA_CM_EVENT_ROUTE_RESOLVED, 0);
-    return 0;
+    {
+        Guard g(*rt);
+        queue_event(of_id(id), RDMA_CM_EVENT_ROUTE_RESOLVED, 0);
+    }
+    return complete(of_id(id));
 }
 
 int rdma_create_qp(rdma_cm_id* id, ibv_pd* pd, ibv_qp_init_attr* attr) {
     Runtime* rt = runtime();
     if (rt == nullptr) return -1;
-    if (pd == nullptr) pd = id->pd;
-    if (pd == nullptr) {
-        pd = ibv_alloc_pd(id->verbs);
-        if (pd == nullptr) return -1;
-        id->pd = pd;
+    if (attr == nullptr || id->qp != nullptr) {
+        errno = EINVAL;
+        return -1;
     }
-    Guard g(*rt);
-    Qp* q = make_qp(g, pd, attr);
-    if (q == nullptr) return -1;
-    q->cm_id = id;
-    id->qp = &q->qp;
-    return 0;
+    if (pd == nullptr) pd = id->pd != nullptr ? id->pd : default_pd();
+    if (pd == nullptr) return -1;
+    Id* i = of_id(id);
+    // CQs the caller did not give: one each way with a completion channel, the id as their context, as
+    // librdmacm makes them (rdma_get_send_comp / rdma_get_recv_comp wait on them); rdma_destroy_qp ends them.
+    const auto drop_cqs = [&] {
+        if (!i->own_cqs) return;
+        if (id->recv_cq != nullptr) ibv_destroy_cq(id->recv_cq);
+        if (id->send_cq != nullptr) ibv_destroy_cq(id->send_cq);
+        if (id->recv_cq_channel != nullptr) ibv_destroy_comp_channel(id->recv_cq_channel);
+        if (id->send_cq_channel != nullptr) ibv_destroy_comp_channel(id->send_cq_channel);
+        id->recv_cq = id->send_cq = nullptr;
+        id->recv_cq_channel = id->send_cq_channel = nullptr;
+        i->own_cqs = false;
+    };
+    const auto make_cq = [&](ibv_cq*& cq, ibv_comp_channel*& channel, std::uint32_t size) {
+        i->own_cqs = true;
+        channel = ibv_create_comp_channel(id->verbs);
+        if (channel != nullptr) cq = ibv_create_cq(id->verbs, static_cast<int>(std::max<std::uint32_t>(size, 1)), id, channel, 0);
+        return cq != nullptr;
+    };
+    if ((attr->recv_cq == nullptr && id->recv_cq == nullptr && !make_cq(id->recv_cq, id->recv_cq_channel, attr->cap.max_recv_wr)) ||
+        (attr->send_cq == nullptr && id->send_cq == nullptr && !make_cq(id->send_cq, id->send_cq_channel, attr->cap.max_send_wr))) {
+        const int e = errno;
+        drop_cqs();
+        errno = e;
+        return -1;
+    }
+    if (attr->recv_cq == nullptr) attr->recv_cq = id->recv_cq;
+    if (attr->send_cq == nullptr) attr->send_cq = id->send_cq;
+    {
+        Guard g(*rt);
+        if (Qp* q = make_qp(g, pd, attr); q != nullptr) {
+            q->cm_id = id;
+            id->qp = &q->qp;
+            id->pd = pd;
+            return 0;
+        }
+    }
+    const int e = errno;
+    drop_cqs();
+    errno = e;
+    return -1;
 }
 
 int rdma_create_qp_ex(rdma_cm_id* id, ibv_qp_init_attr_ex* a) {
@@ -434,9 +527,20 @@ int rdma_create_qp_ex(rdma_cm_id* id, ibv_qp_init_attr_ex* a) {
 void rdma_destroy_qp(rdma_cm_id* id) {
     Runtime* rt = Runtime::get();
     if (rt == nullptr || id->qp == nullptr) return;
-    Guard g(*rt);
-    delete of(id->qp);
-    id->qp = nullptr;
+    {
+        Guard g(*rt);
+        delete of(id->qp);
+        id->qp = nullptr;
+    }
+    Id* i = of_id(id);
+    if (!i->own_cqs) return;
+    if (id->recv_cq != nullptr) ibv_destroy_cq(id->recv_cq);
+    if (id->send_cq != nullptr) ibv_destroy_cq(id->send_cq);
+    if (id->recv_cq_channel != nullptr) ibv_destroy_comp_channel(id->recv_cq_channel);
+    if (id->send_cq_channel != nullptr) ibv_destroy_comp_channel(id->send_cq_channel);
+    id->recv_cq = id->send_cq = nullptr;
+    id->recv_cq_channel = id->send_cq_channel = nullptr;
+    i->own_cqs = false;
 }
 
 int rdma_connect(rdma_cm_id* id, rdma_conn_param* param) {
@@ -459,7 +563,8 @@ int rdma_connect(rdma_cm_id* id, rdma_conn_param* param) {
     }
     g_by_cm[i->cm.get()] = i;
     sync_qp_state(of(id->qp));
-    return 0;
+    g.unlock();
+    return complete(i);
 }
 
 int rdma_accept(rdma_cm_id* id, rdma_conn_param* param) {
@@ -472,7 +577,8 @@ int rdma_accept(rdma_cm_id* id, rdma_conn_param* param) {
         return -1;
     }
     sync_qp_state(of(id->qp));
-    return 0;
+    g.unlock();
+    return complete(i);
 }
 
 int rdma_reject(rdma_cm_id* id, const void* private_data, std::uint8_t len) {
@@ -498,7 +604,8 @@ int rdma_disconnect(rdma_cm_id* id) {
     }
     i->cm->disconnect();
     rt->turn();
-    return 0;
+    g.unlock();
+    return complete(i);
 }
 
 int rdma_establish(rdma_cm_id*) { return 0; }  // iWARP: the connection is established by accept/connect
@@ -654,15 +761,83 @@ void rdma_freeaddrinfo(rdma_addrinfo* res) {
     }
 }
 
-// Synchronous endpoints (rdma_create_ep and friends) are not offered.
-int rdma_create_ep(rdma_cm_id**, rdma_addrinfo*, ibv_pd*, ibv_qp_init_attr*) {
-    errno = ENOSYS;
-    return -1;
+// Synchronous endpoints, as librdmacm's: a passive one is bound and keeps the QP attributes for the requests
+// rdma_get_request hands out; an active one has its address and route resolved and its QP (and CQs) made.
+int rdma_create_ep(rdma_cm_id** id, rdma_addrinfo* res, ibv_pd* pd, ibv_qp_init_attr* qp_init_attr) {
+    if (id == nullptr || res == nullptr) {
+        errno = EINVAL;
+        return -1;
+    }
+    rdma_cm_id* cm_id = nullptr;
+    if (rdma_create_id(nullptr, &cm_id, nullptr, static_cast<rdma_port_space>(res->ai_port_space)) != 0) return -1;
+    int rc = 0;
+    if ((res->ai_flags & RAI_PASSIVE) != 0) {
+        rc = rdma_bind_addr(cm_id, res->ai_src_addr);
+        if (rc == 0) {
+            if (pd != nullptr) cm_id->pd = pd;
+            if (qp_init_attr != nullptr) {
+                of_id(cm_id)->ep_attr = std::make_unique<ibv_qp_init_attr>(*qp_init_attr);
+                of_id(cm_id)->ep_attr->qp_type = static_cast<ibv_qp_type>(res->ai_qp_type);
+            }
+        }
+    } else {
+        rc = rdma_resolve_addr(cm_id, res->ai_src_addr, res->ai_dst_addr, 2000);
+        if (rc == 0) rc = rdma_resolve_route(cm_id, 2000);
+        if (rc == 0 && qp_init_attr != nullptr) {
+            qp_init_attr->qp_type = static_cast<ibv_qp_type>(res->ai_qp_type);
+            rc = rdma_create_qp(cm_id, pd, qp_init_attr);
+        }
+    }
+    if (rc != 0) {
+        const int e = errno;
+        rdma_destroy_ep(cm_id);
+        errno = e;
+        return -1;
+    }
+    *id = cm_id;
+    return 0;
 }
-void rdma_destroy_ep(rdma_cm_id*) {}
-int rdma_get_request(rdma_cm_id*, rdma_cm_id**) {
-    errno = ENOSYS;
-    return -1;
+
+void rdma_destroy_ep(rdma_cm_id* id) {
+    if (id->qp != nullptr) rdma_destroy_qp(id);
+    of_id(id)->ep_attr.reset();
+    rdma_destroy_id(id);
+}
+
+// The next connection request on a synchronous listener, as a synchronous id of its own (its QP made from the
+// endpoint's attributes, if any); the request event stays in its id.event until its next call.
+int rdma_get_request(rdma_cm_id* listen, rdma_cm_id** id) {
+    Id* l = of_id(listen);
+    if (!l->sync || id == nullptr) {
+        errno = EINVAL;
+        return -1;
+    }
+    if (listen->event != nullptr) {
+        rdma_ack_cm_event(listen->event);
+        listen->event = nullptr;
+    }
+    rdma_cm_event* event = nullptr;
+    if (rdma_get_cm_event(listen->channel, &event) != 0) return -1;
+    if (event->status != 0 || event->event != RDMA_CM_EVENT_CONNECT_REQUEST) {
+        errno = event->status != 0 ? (event->status < 0 ? -event->status : event->status) : EINVAL;
+        listen->event = event;
+        return -1;
+    }
+    rdma_cm_id* child = event->id;
+    if (rdma_migrate_id(child, nullptr) != 0) {
+        listen->event = event;
+        return -1;
+    }
+    if (l->ep_attr != nullptr) {
+        ibv_qp_init_attr attr = *l->ep_attr;
+        if (rdma_create_qp(child, listen->pd, &attr) != 0) {
+            listen->event = event;
+            return -1;
+        }
+    }
+    child->event = event;
+    *id = child;
+    return 0;
 }
 
 }  // extern "C"

@@ -134,10 +134,12 @@ class Guard {
 public:
     explicit Guard(Runtime& rt) : rt_(rt), lk_(rt.lock()) { rt_.adopt(); }
     Runtime& rt() noexcept { return rt_; }
+    // Early, before a call that takes the lock itself (a synchronous rdma_cm id's wait for its event).
+    void unlock() { lk_.unlock(); }
 
 private:
     Runtime& rt_;
-    std::lock_guard<std::mutex> lk_;
+    std::unique_lock<std::mutex> lk_;
 };
 
 // Signals during a blocking call. The kernel's blocking verbs calls (ibv_get_cq_event, rdma_get_cm_event)
