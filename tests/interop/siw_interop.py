@@ -12,7 +12,7 @@ a network namespace of its own, runs softrdma against them over af_packet, captu
   - our rping as server against stock `rping -c -V` at the three sizes; stock ucmatose against our pingpong
     server (which must refuse it with an MPA reject that says why);
   - an immediate-data post refused at post time on a connection to siw (iwarp_probe);
-  - the drop-in libraries: stock rping -V and all six perftest programs (ib_{send,write,read}_{lat,bw} -R)
+  - the drop-in libraries: stock rping -V, rdma_server/rdma_client and all six perftest programs (ib_{send,write,read}_{lat,bw} -R)
     under softrdma-run against the same stock programs on siw, both roles (siw serving, then siw's clients
     of our servers, whose results are read from the guest's console);
   - from the capture: no malformed frame, every MPA CRC good when on, no TERMINATE and no RST on orderly closes,
@@ -355,7 +355,7 @@ def dropin_runs(cases, lab, run):
     # siw serves, we connect: the VM serves each program once, in turn.
     def vm1_cmd(programs, with_rping):
         return (("rping -s -a %s -V -C 5; " % VM1[1]) if with_rping else "") + \
-            "; ".join("%s -R -F -n 200" % t for t in programs)
+            "; ".join("%s -R -F -n 200" % t for t in programs) + "; rdma_server"
     vm = lab.vm(VM1, vm1_cmd(PERFTESTS, True), timeout=420)
     t0 = time.time()
     for _ in range(8):
@@ -394,8 +394,20 @@ def dropin_runs(cases, lab, run):
         cases.record("drop-in: stock %s -R client under softrdma-run against siw" % t, ok,
                      "rc=%d\n%s%s%s" % (rc, "".join(n + "\n" for n in notes), out,
                                         "" if ok else "\n" + lab.probe_guest(VM1[1])), t0, clean=False)
+    # librdmacm's synchronous endpoints: stock rdma_client here against rdma_server on siw (a message each way;
+    # "end 0" only when every call and completion succeeded), retried while the VM's server is not up yet.
+    t0 = time.time()
+    for _ in range(20):
+        rc, out = lab.ours(run + ["rdma_client", "-s", VM1[1]], 60)
+        if rc == 0 or "rdma_connect" not in out and "rdma_create_ep" not in out:
+            break
+        time.sleep(1)
+    cases.record("drop-in: stock rdma_client under softrdma-run against stock rdma_server on siw",
+                 rc == 0 and "rdma_client: end 0" in out, "rc=%d\n%s" % (rc, out), t0)
     lab.stop_vm(vm, wait_s=20)
     guest_logs["vm1"] += lab.guest_log("vm1")
+    cases.results.append(("drop-in: siw's rdma_server against our rdma_client ends 0",
+                          "rdma_server: end 0" in guest_logs["vm1"], guest_logs["vm1"][-2000:]))
     # We serve, siw connects (retrying until each of our servers listens). A perftest client is run again only
     # while it could not connect: one that connected and then failed (under TCG siw can flush its own last
     # SEND with LOC_QP_OP_ERR when our server's close comes in right after the reply) must not be retried, or
@@ -408,7 +420,8 @@ def dropin_runs(cases, lab, run):
 
     def vm2_cmd(programs, with_rping):
         return (connect_retry + (("retry 60 rping -c -a %s -V -C 5; " % OUR_IP) if with_rping else "") +
-                "; ".join("sleep 2; connect_retry 30 %s -R -F -n 200 %s" % (t, OUR_IP) for t in programs))
+                "; ".join("sleep 2; connect_retry 30 %s -R -F -n 200 %s" % (t, OUR_IP) for t in programs) +
+                "; sleep 2; retry 60 rdma_client -s %s" % OUR_IP)
     vm = lab.vm(VM2, vm2_cmd(served, True), timeout=420)
     t0 = time.time()
     rc, out = lab.ours(run + ["rping", "-s", "-a", OUR_IP, "-v", "-V", "-C", "5"], 90)
@@ -430,8 +443,14 @@ def dropin_runs(cases, lab, run):
         cases.record("drop-in: stock %s -R server under softrdma-run against siw" % t, ok,
                      "rc=%d\n%s%s%s" % (rc, note, out, "" if ok else "\n" + lab.probe_guest(VM2[1])), t0,
                      clean=False)
+    t0 = time.time()
+    rc, out = lab.ours(run + ["rdma_server"], 90)
+    cases.record("drop-in: stock rdma_server under softrdma-run against stock rdma_client on siw",
+                 rc == 0 and "rdma_server: end 0" in out, "rc=%d\n%s" % (rc, out), t0)
     lab.stop_vm(vm, wait_s=30)
     guest_logs["vm2"] += lab.guest_log("vm2")
+    cases.results.append(("drop-in: siw's rdma_client against our rdma_server ends 0",
+                          "rdma_client: end 0" in guest_logs["vm2"], guest_logs["vm2"][-2000:]))
     # What the siw clients measured (the guest's console logs): a results line of 200 iterations for each
     # program we served.
     vm_out = guest_logs["vm2"]
