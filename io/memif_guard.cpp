@@ -247,20 +247,38 @@ UnixRole unix_role(int fd, const std::string& name) noexcept {
     return listening != 0 ? UnixRole::listener : UnixRole::accepted;
 }
 
-// This process's descriptors that are `role` to `name`.
-std::vector<int> unix_fds(const std::string& name, UnixRole role) {
-    std::vector<int> fds;
+// A descriptor of this process that is `role` to a name: its number, and a duplicate of our own naming the
+// same file. Other threads open and close their own descriptors while we look (DPDK's interrupt thread makes a
+// new epoll descriptor at every rebuild and closes the connections it frees): the role is read from, and any
+// action taken on, the duplicate, so a number closed and reused meanwhile is never mistaken for the socket.
+struct Found {
+    int fd;
+    int dup;  // ours: close it
+};
+
+std::vector<Found> unix_fds(const std::string& name, UnixRole role) {
+    std::vector<Found> found;
     DIR* d = ::opendir("/proc/self/fd");
-    if (d == nullptr) return fds;
+    if (d == nullptr) return found;
     const int own = ::dirfd(d);
     while (const dirent* e = ::readdir(d)) {
         char* end = nullptr;
         const long fd = std::strtol(e->d_name, &end, 10);
         if (end == e->d_name || *end != '\0' || fd == own) continue;
-        if (unix_role(static_cast<int>(fd), name) == role) fds.push_back(static_cast<int>(fd));
+        const int dup = ::fcntl(static_cast<int>(fd), F_DUPFD_CLOEXEC, 0);
+        if (dup < 0) continue;
+        if (unix_role(dup, name) == role)
+            found.push_back({static_cast<int>(fd), dup});
+        else
+            ::close(dup);
     }
     ::closedir(d);
-    return fds;
+    return found;
+}
+
+bool same_file(int a, int b) noexcept {
+    struct stat sa{}, sb{};
+    return ::fstat(a, &sa) == 0 && ::fstat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
 }
 
 std::atomic<unsigned> g_interrupt_turns{0};
@@ -305,14 +323,25 @@ bool retire_memif_listener(const std::string& socket, const std::string& port, s
             log::error("{}: no eventfd ({}): memif socket {}'s listener left to the driver", port, std::strerror(errno), socket);
             return false;
         }
-        for (const int fd : unix_fds(socket, UnixRole::listener)) ::dup3(never_readable, fd, O_CLOEXEC);
-        for (const int fd : unix_fds(socket, UnixRole::accepted)) ::shutdown(fd, SHUT_RDWR);
+        // The listener's number is the driver's for good (nothing closes it), so it is the one replaced; our
+        // duplicate goes after, which releases the file.
+        for (const Found& f : unix_fds(socket, UnixRole::listener)) {
+            if (same_file(f.fd, f.dup)) ::dup3(never_readable, f.fd, O_CLOEXEC);
+            ::close(f.dup);
+        }
+        for (const Found& f : unix_fds(socket, UnixRole::accepted)) {
+            ::shutdown(f.dup, SHUT_RDWR);  // the socket itself, whatever number the driver has for it now
+            ::close(f.dup);
+        }
         if (!interrupt_thread_turn(deadline)) {
             log::error("{}: DPDK's interrupt thread took no turn in {} ms while memif socket {} closed", port,
                        limit.count(), socket);
             return false;
         }
-        while (!unix_fds(socket, UnixRole::accepted).empty()) {
+        for (;;) {
+            const std::vector<Found> left = unix_fds(socket, UnixRole::accepted);
+            for (const Found& f : left) ::close(f.dup);
+            if (left.empty()) break;
             if (std::chrono::steady_clock::now() >= deadline) {
                 log::error("{}: connections accepted on memif socket {} still open after {} ms", port, socket,
                            limit.count());

@@ -292,3 +292,33 @@ TEST_CASE("a synchronous id (no channel) waits for each call's event and keeps i
     rdma_destroy_id(async_id);
     rdma_destroy_event_channel(ch);
 }
+
+TEST_CASE("a synchronous rdma_connect that fails returns its errno, and a disconnect after it fails at once",
+          "[dropin][cm]") {
+    // No peer on this link (a memif server without a client): the connect gives up after connect_retry_ms
+    // (tests/dropin/meson.build sets it short).
+    rdma_cm_id* id = nullptr;
+    REQUIRE(rdma_create_id(nullptr, &id, nullptr, RDMA_PS_TCP) == 0);
+    sockaddr_in dst = addr("198.18.0.2", 7481);
+    REQUIRE(rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&dst), 2000) == 0);
+    REQUIRE(rdma_resolve_route(id, 2000) == 0);
+    ibv_qp_init_attr attr{};
+    attr.qp_type = IBV_QPT_RC;
+    attr.cap.max_send_wr = attr.cap.max_recv_wr = 4;
+    attr.cap.max_send_sge = attr.cap.max_recv_sge = 1;
+    REQUIRE(rdma_create_qp(id, nullptr, &attr) == 0);
+    errno = 0;
+    const auto t0 = Clock::now();
+    CHECK(rdma_connect(id, nullptr) == -1);
+    CHECK(errno != 0);
+    CHECK(Clock::now() - t0 < 15s);
+    REQUIRE(id->event != nullptr);
+    CHECK(id->event->event != RDMA_CM_EVENT_ESTABLISHED);
+    errno = 0;
+    const auto t1 = Clock::now();
+    CHECK(rdma_disconnect(id) == -1);  // nothing to wait for: the connection ended with its event taken
+    CHECK(errno == EINVAL);
+    CHECK(Clock::now() - t1 < 2s);
+    rdma_destroy_qp(id);
+    CHECK(rdma_destroy_id(id) == 0);
+}

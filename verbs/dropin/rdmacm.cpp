@@ -227,6 +227,32 @@ verbs::ConnParam conn_param(const Runtime& rt, const rdma_conn_param* p) {
     return cp;
 }
 
+// The events on `c` that belong to `id`: its own, and for a listener its requests not yet taken (event id a
+// child whose listen_id is `id`) with whatever followed for those children. Removed from the queue, in order.
+// Under the lock.
+std::vector<Event*> take_events(EvChannel* c, const rdma_cm_id* id, std::vector<rdma_cm_id*>* children = nullptr) {
+    std::vector<Event*> out;
+    std::vector<rdma_cm_id*> kids;
+    std::erase_if(c->queue, [&](Event* e) {
+        if (e->ev.listen_id == id && e->ev.event == RDMA_CM_EVENT_CONNECT_REQUEST) kids.push_back(e->ev.id);
+        if (e->ev.id != id && std::find(kids.begin(), kids.end(), e->ev.id) == kids.end()) return false;
+        out.push_back(e);
+        return true;
+    });
+    c->update();
+    if (children != nullptr) *children = std::move(kids);
+    return out;
+}
+
+// A synchronous id's own channel, at its end: no thread but the id's own caller waits on it (complete()), so it
+// is freed at once (an application's channels are kept: see g_destroyed_channels). Under the lock.
+void free_private_channel(rdma_event_channel* channel) {
+    EvChannel* c = chan(channel);
+    for (Event* e : c->queue) delete e;
+    ::close(c->ch.fd);
+    delete c;
+}
+
 // The PD an id names once it has the device (librdmacm's per-device PD: rdma_reg_msgs registers with id->pd
 // before any QP exists). One for the process, never freed. Called without the lock (ibv_alloc_pd takes it).
 ibv_pd* default_pd() {
@@ -301,14 +327,16 @@ int rdma_create_id(rdma_event_channel* channel, rdma_cm_id** id, void* context, 
 // channel.
 int rdma_destroy_id(rdma_cm_id* id) {
     Id* i = of_id(id);
+    // Its queued events go, and a listener's requests not yet taken with their ids (reset, as the kernel's
+    // rdma_cm does when a listener is destroyed): nothing is left to name a freed id or a freed channel.
     auto forget = [&] {
-        EvChannel* c = chan(id->channel);
-        std::erase_if(c->queue, [id](Event* e) {
-            if (e->ev.id != id) return false;
-            delete e;
-            return true;
-        });
-        c->update();
+        std::vector<rdma_cm_id*> children;
+        for (Event* e : take_events(chan(id->channel), id, &children)) delete e;
+        for (rdma_cm_id* child : children) {
+            Id* k = of_id(child);
+            if (k->cm) g_by_cm.erase(k->cm.get());
+            delete k;  // its CmId aborts the connection
+        }
     };
     if (Runtime* rt = Runtime::get(); rt != nullptr && id->verbs != nullptr) {
         Guard g(*rt);
@@ -323,7 +351,11 @@ int rdma_destroy_id(rdma_cm_id* id) {
         forget();  // never bound to the device: no turn can queue for it
     }
     if (id->event != nullptr) rdma_ack_cm_event(id->event);  // a synchronous id's last event
-    if (i->sync) rdma_destroy_event_channel(id->channel);
+    if (i->sync) {
+        Runtime* rt = Runtime::get();
+        std::unique_ptr<Guard> g = rt != nullptr ? std::make_unique<Guard>(*rt) : nullptr;
+        free_private_channel(id->channel);
+    }
     delete i;
     return 0;
 }
@@ -344,20 +376,17 @@ int rdma_migrate_id(rdma_cm_id* id, rdma_event_channel* channel) {
         Guard g(*rt);
         EvChannel* from = chan(id->channel);
         EvChannel* to = chan(channel);
-        std::erase_if(from->queue, [&](Event* e) {
-            if (e->ev.id != id) return false;
-            to->queue.push_back(e);
-            return true;
-        });
-        from->update();
+        std::vector<rdma_cm_id*> children;
+        for (Event* e : take_events(from, id, &children)) to->queue.push_back(e);
         to->update();
         id->channel = channel;
+        for (rdma_cm_id* child : children) child->channel = channel;  // requests not yet taken follow
         i->sync = sync;
+        if (was_sync) free_private_channel(old);  // its own channel goes
     }
-    if (was_sync) {  // its own channel goes, and the event it kept
-        if (id->event != nullptr) rdma_ack_cm_event(id->event);
+    if (was_sync && id->event != nullptr) {  // and the event it kept
+        rdma_ack_cm_event(id->event);
         id->event = nullptr;
-        rdma_destroy_event_channel(old);
     }
     return 0;
 }
@@ -457,8 +486,8 @@ int rdma_resolve_route(rdma_cm_id* id, int) {
 int rdma_create_qp(rdma_cm_id* id, ibv_pd* pd, ibv_qp_init_attr* attr) {
     Runtime* rt = runtime();
     if (rt == nullptr) return -1;
-    if (attr == nullptr || id->qp != nullptr) {
-        errno = EINVAL;
+    if (attr == nullptr || id->qp != nullptr || id->verbs == nullptr) {
+        errno = EINVAL;  // (no device: bind or resolve first)
         return -1;
     }
     if (pd == nullptr) pd = id->pd != nullptr ? id->pd : default_pd();
@@ -521,13 +550,15 @@ int rdma_create_qp_ex(rdma_cm_id* id, ibv_qp_init_attr_ex* a) {
     attr.sq_sig_all = a->sq_sig_all;
     const int rc = rdma_create_qp(id, (a->comp_mask & IBV_QP_INIT_ATTR_PD) != 0 ? a->pd : nullptr, &attr);
     a->cap = attr.cap;
+    a->send_cq = attr.send_cq;  // the ones it made, if any
+    a->recv_cq = attr.recv_cq;
     return rc;
 }
 
 void rdma_destroy_qp(rdma_cm_id* id) {
     Runtime* rt = Runtime::get();
-    if (rt == nullptr || id->qp == nullptr) return;
-    {
+    if (rt == nullptr) return;
+    if (id->qp != nullptr) {
         Guard g(*rt);
         delete of(id->qp);
         id->qp = nullptr;
@@ -602,8 +633,18 @@ int rdma_disconnect(rdma_cm_id* id) {
         errno = EINVAL;
         return -1;
     }
+    // A synchronous id waits for the DISCONNECTED this brings, or the one already queued. A connection that had
+    // ended with its event taken (a failed connect, a second disconnect) brings none: EINVAL at once (librdmacm
+    // fails there too, moving an errored QP to SQD).
+    const bool was_connected = i->cm->connected();
     i->cm->disconnect();
     rt->turn();
+    if (!i->sync) return 0;
+    const auto& q = chan(id->channel)->queue;
+    if (!was_connected && std::none_of(q.begin(), q.end(), [id](const Event* e) { return e->ev.id == id; })) {
+        errno = EINVAL;
+        return -1;
+    }
     g.unlock();
     return complete(i);
 }
@@ -824,16 +865,14 @@ int rdma_get_request(rdma_cm_id* listen, rdma_cm_id** id) {
         return -1;
     }
     rdma_cm_id* child = event->id;
-    if (rdma_migrate_id(child, nullptr) != 0) {
-        listen->event = event;
+    ibv_qp_init_attr attr{};
+    if (l->ep_attr != nullptr) attr = *l->ep_attr;
+    if (rdma_migrate_id(child, nullptr) != 0 || (l->ep_attr != nullptr && rdma_create_qp(child, listen->pd, &attr) != 0)) {
+        const int e = errno;  // the request is refused: its id goes (its connection reset)
+        rdma_ack_cm_event(event);
+        rdma_destroy_ep(child);
+        errno = e;
         return -1;
-    }
-    if (l->ep_attr != nullptr) {
-        ibv_qp_init_attr attr = *l->ep_attr;
-        if (rdma_create_qp(child, listen->pd, &attr) != 0) {
-            listen->event = event;
-            return -1;
-        }
     }
     child->event = event;
     *id = child;
