@@ -208,18 +208,16 @@ std::string MemifGuard::describe() const {
 // accepted but no device took (a client's handshake still under way) keep a pointer to the socket too, which
 // they follow when the client's INIT message comes.
 //
-// So before the last device on a server socket stops (port.cpp, Port::close):
-// 1. every listener of this process bound to the name gets a never-readable eventfd dup3()'d under its number:
-//    the listener is closed (the name free, its backlog reset) and the number stays taken for the process's
-//    life, since the interrupt thread's list keeps the stale source by number and re-adds it to every epoll
-//    set it builds (an empty number there would be refused, a reused one would run the stale callback on
-//    someone else's file); one descriptor per server socket closed, which the driver leaked anyway;
-// 2. every connection accepted on the name (its local address is the listener's) is shut down: the interrupt
-//    thread reads end of file and frees it on its error path, which does not follow the socket pointer;
-// 3. a callback of our own on a fresh eventfd, registered and made readable: registering makes the interrupt
-//    thread rebuild its epoll set (which drops the listener's file even where a forked child still holds it),
-//    and once it has run, every callback of the events collected before has returned (one thread, in turn);
-// 4. then the accepted connections' descriptors must be gone (the driver closes them as it frees them).
+// So before the last device on a server socket stops (port.cpp, Port::close), every listener of this process
+// bound to the name gets a never-readable eventfd dup3()'d under its number: the listener is closed (the name
+// free, its backlog reset) and the number stays taken for the process's life, since the interrupt thread's list
+// keeps the stale source by number and re-adds it to every epoll set it builds (an empty number there would make
+// a rebuild panic, a reused one would run the stale callback on someone else's file); one descriptor per server
+// socket closed, which the driver leaked anyway. Not done (tried, and dropped after a clean-clone run under TSan
+// panicked): shutting down the connections the listener accepted that no device took, and making the interrupt
+// thread rebuild its epoll set before the close. The driver leaves other stale sources (a channel whose HELLO
+// could not be sent: memif_listener_handler's error path closes the socket, not the source), and a rebuild or a
+// cleanup that closes a number one of them shares panics ("Error adding fd N epoll_ctl, Bad file descriptor").
 namespace softrdma::io::detail {
 namespace {
 
@@ -247,6 +245,24 @@ UnixRole unix_role(int fd, const std::string& name) noexcept {
     return listening != 0 ? UnixRole::listener : UnixRole::accepted;
 }
 
+// Descriptors this code makes for itself (the duplicates it looks through, the eventfd) are placed at or above
+// this number: clear of the low numbers accept() hands the driver's control channels, where stale sources can
+// sit (see above); a file of ours opened and closed on such a number would make the next rebuild panic.
+constexpr int kOwnFdFloor = 512;
+
+// A duplicate of `fd` at kOwnFdFloor or above; anywhere when the process may not have that many descriptors.
+int dup_high(int fd) noexcept {
+    const int d = ::fcntl(fd, F_DUPFD_CLOEXEC, kOwnFdFloor);
+    return d >= 0 || (errno != EINVAL && errno != EMFILE) ? d : ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+}
+
+int high_fd(int fd) noexcept {  // `fd` itself moved up (kept where it is if that fails)
+    const int moved = dup_high(fd);
+    if (moved < 0) return fd;
+    ::close(fd);
+    return moved;
+}
+
 // A descriptor of this process that is `role` to a name: its number, and a duplicate of our own naming the
 // same file. Other threads open and close their own descriptors while we look (DPDK's interrupt thread makes a
 // new epoll descriptor at every rebuild and closes the connections it frees): the role is read from, and any
@@ -265,7 +281,7 @@ std::vector<Found> unix_fds(const std::string& name, UnixRole role) {
         char* end = nullptr;
         const long fd = std::strtol(e->d_name, &end, 10);
         if (end == e->d_name || *end != '\0' || fd == own) continue;
-        const int dup = ::fcntl(static_cast<int>(fd), F_DUPFD_CLOEXEC, 0);
+        const int dup = dup_high(static_cast<int>(fd));
         if (dup < 0) continue;
         if (unix_role(dup, name) == role)
             found.push_back({static_cast<int>(fd), dup});
@@ -281,44 +297,15 @@ bool same_file(int a, int b) noexcept {
     return ::fstat(a, &sa) == 0 && ::fstat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
 }
 
-std::atomic<unsigned> g_interrupt_turns{0};
-
-void count_turn(void* arg) {  // on DPDK's interrupt thread
-    std::uint64_t v = 0;
-    [[maybe_unused]] const ssize_t r = ::read(static_cast<int>(reinterpret_cast<std::intptr_t>(arg)), &v, sizeof v);
-    g_interrupt_turns.fetch_add(1, std::memory_order_release);
-}
-
-// Step 3 above: true once the interrupt thread has rebuilt its epoll set and returned from every callback of
-// the events it collected before this call.
-bool interrupt_thread_turn(std::chrono::steady_clock::time_point deadline) {
-    const int efd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    if (efd < 0) return false;
-    rte_intr_handle* h = rte_intr_instance_alloc(RTE_INTR_INSTANCE_F_PRIVATE);
-    void* arg = reinterpret_cast<void*>(static_cast<std::intptr_t>(efd));
-    bool turned = false;
-    if (h != nullptr && rte_intr_fd_set(h, efd) == 0 && rte_intr_type_set(h, RTE_INTR_HANDLE_EXT) == 0 &&
-        rte_intr_callback_register(h, count_turn, arg) == 0) {
-        const unsigned before = g_interrupt_turns.load(std::memory_order_acquire);
-        const std::uint64_t one = 1;
-        if (::write(efd, &one, sizeof one) == sizeof one)
-            while (!(turned = g_interrupt_turns.load(std::memory_order_acquire) != before) &&
-                   std::chrono::steady_clock::now() < deadline)
-                std::this_thread::sleep_for(std::chrono::milliseconds(1));
-        rte_intr_callback_unregister_sync(h, count_turn, arg);  // waits for a run in progress
-    }
-    if (h != nullptr) rte_intr_instance_free(h);
-    ::close(efd);  // unregistered: no source names the number any more
-    return turned;
-}
-
 }  // namespace
 
-bool retire_memif_listener(const std::string& socket, const std::string& port, std::chrono::milliseconds limit) noexcept {
+bool retire_memif_listener(const std::string& socket, const std::string& port) noexcept {
     try {
-        const auto deadline = std::chrono::steady_clock::now() + limit;
         static int never_readable = -1;  // never written; callers hold port.cpp's socket lock
-        if (never_readable < 0) never_readable = ::eventfd(0, EFD_CLOEXEC);
+        if (never_readable < 0) {
+            never_readable = ::eventfd(0, EFD_CLOEXEC);
+            if (never_readable >= 0) never_readable = high_fd(never_readable);
+        }
         if (never_readable < 0) {
             log::error("{}: no eventfd ({}): memif socket {}'s listener left to the driver", port, std::strerror(errno), socket);
             return false;
@@ -328,26 +315,6 @@ bool retire_memif_listener(const std::string& socket, const std::string& port, s
         for (const Found& f : unix_fds(socket, UnixRole::listener)) {
             if (same_file(f.fd, f.dup)) ::dup3(never_readable, f.fd, O_CLOEXEC);
             ::close(f.dup);
-        }
-        for (const Found& f : unix_fds(socket, UnixRole::accepted)) {
-            ::shutdown(f.dup, SHUT_RDWR);  // the socket itself, whatever number the driver has for it now
-            ::close(f.dup);
-        }
-        if (!interrupt_thread_turn(deadline)) {
-            log::error("{}: DPDK's interrupt thread took no turn in {} ms while memif socket {} closed", port,
-                       limit.count(), socket);
-            return false;
-        }
-        for (;;) {
-            const std::vector<Found> left = unix_fds(socket, UnixRole::accepted);
-            for (const Found& f : left) ::close(f.dup);
-            if (left.empty()) break;
-            if (std::chrono::steady_clock::now() >= deadline) {
-                log::error("{}: connections accepted on memif socket {} still open after {} ms", port, socket,
-                           limit.count());
-                return false;
-            }
-            std::this_thread::sleep_for(std::chrono::milliseconds(1));
         }
         return true;
     } catch (const std::exception& e) {

@@ -21,11 +21,9 @@ struct MemifDesc;
 
 // DPDK 22.11's memif driver leaves a server socket's listener behind when the last device on the socket goes
 // (memif_guard.cpp, "A server socket's listener"). Called before that device stops, under the lock that
-// serialises memif devices' probes and closes per socket (port.cpp): takes the listener from the driver, ends
-// the connections it accepted that no device took, and waits until DPDK's interrupt thread has rebuilt its
-// epoll set and is past every callback that could still reach the socket. False when that did not finish by
-// `limit` (the device must then not be closed: its socket would be freed under a callback).
-bool retire_memif_listener(const std::string& socket, const std::string& port, std::chrono::milliseconds limit) noexcept;
+// serialises memif devices' probes and closes per socket (port.cpp): takes the listener from the driver. False
+// when it could not (logged).
+bool retire_memif_listener(const std::string& socket, const std::string& port) noexcept;
 
 // What port.cpp asked the driver for, to recognise the driver's private state.
 struct MemifExpect {

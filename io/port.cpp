@@ -101,9 +101,6 @@ constexpr std::chrono::milliseconds kDisconnectTimeout{5000};  // generous: a lo
 constexpr std::chrono::microseconds kWatchPeriod{1000};
 // How often a memif client whose server left tries to connect again (Port::watch_link).
 constexpr std::chrono::milliseconds kRelinkPeriod{20};
-// A closing memif server socket: DPDK's interrupt thread must take its listener's retirement in this long
-// (detail::retire_memif_listener; it takes microseconds unless the thread is stuck in a callback).
-constexpr std::chrono::milliseconds kListenerTimeout{2000};
 
 // The memif driver's log, muted while it would only repeat what we already handle (a client's failed connect
 // attempts while it waits for its server). mute() and restore() in pairs on one object; mute() twice is one.
@@ -318,7 +315,7 @@ bool Port::leave_memif_socket() noexcept {
     }
     // The last device on the socket (whichever role probed first made it a listening one): without the guard
     // (not DPDK 22.11) the driver is left as it is.
-    if (guard_.attached() && !detail::retire_memif_listener(memif_socket_, name_, kListenerTimeout)) return false;
+    if (guard_.attached() && !detail::retire_memif_listener(memif_socket_, name_)) return false;
     g_memif_devices.erase(it);
     return true;
 }
