@@ -263,6 +263,20 @@ ibv_pd* default_pd() {
     return pd;
 }
 
+// The CQs and completion channels rdma_create_qp made for `id` (none given by the caller), ended. Without the
+// lock (ibv_destroy_cq takes it).
+void drop_own_cqs(rdma_cm_id* id) {
+    Id* i = of_id(id);
+    if (!i->own_cqs) return;
+    if (id->recv_cq != nullptr) ibv_destroy_cq(id->recv_cq);
+    if (id->send_cq != nullptr) ibv_destroy_cq(id->send_cq);
+    if (id->recv_cq_channel != nullptr) ibv_destroy_comp_channel(id->recv_cq_channel);
+    if (id->send_cq_channel != nullptr) ibv_destroy_comp_channel(id->send_cq_channel);
+    id->recv_cq = id->send_cq = nullptr;
+    id->recv_cq_channel = id->send_cq_channel = nullptr;
+    i->own_cqs = false;
+}
+
 // A synchronous id's wait for the event of the call just made (librdmacm's ucma_complete): the event stays
 // in id.event (the previous one acked); -1 with errno from its status when it failed.
 int complete(Id* i) {
@@ -495,16 +509,7 @@ int rdma_create_qp(rdma_cm_id* id, ibv_pd* pd, ibv_qp_init_attr* attr) {
     Id* i = of_id(id);
     // CQs the caller did not give: one each way with a completion channel, the id as their context, as
     // librdmacm makes them (rdma_get_send_comp / rdma_get_recv_comp wait on them); rdma_destroy_qp ends them.
-    const auto drop_cqs = [&] {
-        if (!i->own_cqs) return;
-        if (id->recv_cq != nullptr) ibv_destroy_cq(id->recv_cq);
-        if (id->send_cq != nullptr) ibv_destroy_cq(id->send_cq);
-        if (id->recv_cq_channel != nullptr) ibv_destroy_comp_channel(id->recv_cq_channel);
-        if (id->send_cq_channel != nullptr) ibv_destroy_comp_channel(id->send_cq_channel);
-        id->recv_cq = id->send_cq = nullptr;
-        id->recv_cq_channel = id->send_cq_channel = nullptr;
-        i->own_cqs = false;
-    };
+    const auto drop_cqs = [&] { drop_own_cqs(id); };
     const auto make_cq = [&](ibv_cq*& cq, ibv_comp_channel*& channel, std::uint32_t size) {
         i->own_cqs = true;
         channel = ibv_create_comp_channel(id->verbs);
@@ -563,15 +568,7 @@ void rdma_destroy_qp(rdma_cm_id* id) {
         delete of(id->qp);
         id->qp = nullptr;
     }
-    Id* i = of_id(id);
-    if (!i->own_cqs) return;
-    if (id->recv_cq != nullptr) ibv_destroy_cq(id->recv_cq);
-    if (id->send_cq != nullptr) ibv_destroy_cq(id->send_cq);
-    if (id->recv_cq_channel != nullptr) ibv_destroy_comp_channel(id->recv_cq_channel);
-    if (id->send_cq_channel != nullptr) ibv_destroy_comp_channel(id->send_cq_channel);
-    id->recv_cq = id->send_cq = nullptr;
-    id->recv_cq_channel = id->send_cq_channel = nullptr;
-    i->own_cqs = false;
+    drop_own_cqs(id);
 }
 
 int rdma_connect(rdma_cm_id* id, rdma_conn_param* param) {
