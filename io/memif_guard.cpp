@@ -37,6 +37,7 @@
 #include "base/tsan.hpp"
 
 #include <dirent.h>
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
@@ -52,10 +53,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <iterator>
+#include <new>
 #include <string_view>
 #include <thread>
 #include <vector>
 
+#include <rte_eal.h>
 #include <rte_ethdev.h>
 #include <rte_malloc.h>
 #include <rte_mbuf.h>
@@ -214,10 +217,9 @@ std::string MemifGuard::describe() const {
 // keeps the stale source by number and re-adds it to every epoll set it builds (an empty number there would make
 // a rebuild panic, a reused one would run the stale callback on someone else's file); one descriptor per server
 // socket closed, which the driver leaked anyway. Not done (tried, and dropped after a clean-clone run under TSan
-// panicked): shutting down the connections the listener accepted that no device took, and making the interrupt
-// thread rebuild its epoll set before the close. The driver leaves other stale sources (a channel whose HELLO
-// could not be sent: memif_listener_handler's error path closes the socket, not the source), and a rebuild or a
-// cleanup that closes a number one of them shares panics ("Error adding fd N epoll_ctl, Bad file descriptor").
+// panicked, before the stale sources of channels whose HELLO could not be sent were removed: see "Connections
+// the listener gave up on" below): shutting down the connections the listener accepted that no device took, and
+// making the interrupt thread rebuild its epoll set before the close.
 namespace softrdma::io::detail {
 namespace {
 
@@ -933,3 +935,131 @@ std::uint16_t MemifServerPath::tx(rte_mbuf** frames, std::uint16_t count) noexce
 }
 
 }  // namespace softrdma::io::detail
+
+// ---- Connections the listener gave up on ------------------------------------------------------------------
+//
+// DPDK 22.11's memif_listener_handler (on the interrupt thread) accepts a connection, registers the interrupt
+// callback of its control channel, then sends HELLO; when that send fails (the client connected and left before
+// the accept: a client process killed, a reconnecting client giving up on a busy server, anyone who can reach
+// the socket's name) its error path closes the socket and frees the channel but leaves the callback registered.
+// The interrupt thread rebuilds its epoll set as soon as the handler returns (the registration asked it to),
+// finds a source whose number is closed and panics: "Error adding fd N epoll_ctl, Bad file descriptor". One
+// connect() and close() on the name killed a server process (tests/io/memif_hello_test.cpp).
+//
+// The driver's functions are static, so the callback cannot be named from here; what this process registers
+// can be seen. This library defines rte_intr_callback_register: the dynamic linker binds the memif driver's
+// calls to it (the driver is loaded after us and looks its symbols up in the global scope, where this
+// definition comes first), and it forwards each call to DPDK's own. A registration by the memif driver on a
+// listening socket gets a trampoline in place of the driver's listener callback: the trampoline calls it, and
+// afterwards unregisters any control-channel callback registered during that call whose socket is no longer
+// open under its number, before the interrupt thread can rebuild. Ownership: a trampoline's state is never
+// freed (the driver never unregisters a listener either: one per server socket for the process's life). DPDK
+// 22.11 only; with any other DPDK every call is forwarded untouched.
+namespace softrdma::io::detail {
+namespace {
+
+using RegisterFn = int (*)(const rte_intr_handle*, rte_intr_callback_fn, void*);
+
+// DPDK's rte_intr_callback_register, looked up in the library that defines rte_eal_init (never ours).
+RegisterFn eal_register() noexcept {
+    static const RegisterFn fn = []() -> RegisterFn {
+        Dl_info info{};
+        if (::dladdr(reinterpret_cast<void*>(&rte_eal_init), &info) == 0 || info.dli_fname == nullptr) return nullptr;
+        void* eal = ::dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD);
+        if (eal == nullptr) return nullptr;
+        void* f = ::dlvsym(eal, "rte_intr_callback_register", "DPDK_23");
+        if (f == nullptr) f = ::dlsym(eal, "rte_intr_callback_register");
+        return reinterpret_cast<RegisterFn>(f);
+    }();
+    return fn;
+}
+
+struct Trampoline {
+    rte_intr_callback_fn fn;  // the driver's listener callback
+    void* arg;                // and its argument (the driver's socket)
+};
+
+// A control-channel callback registered during a listener callback, and the socket it watches.
+struct Registration {
+    int fd;
+    rte_intr_callback_fn fn;
+    void* arg;
+    dev_t dev;
+    ino_t ino;
+};
+// Sizing: memif_listener_handler accepts one connection and registers one callback a call; the rest are ignored.
+constexpr unsigned kRegistrationsPerCall = 4;
+struct DuringListener {
+    std::array<Registration, kRegistrationsPerCall> seen;
+    unsigned n = 0;
+};
+thread_local DuringListener* t_listener_call = nullptr;  // set on the interrupt thread inside a trampoline
+
+std::atomic<unsigned> g_listeners_wrapped{0};
+std::atomic<std::uint64_t> g_channels_dropped{0};
+
+bool from_memif_driver(rte_intr_callback_fn fn) noexcept {
+    Dl_info info{};
+    return ::dladdr(reinterpret_cast<void*>(fn), &info) != 0 && info.dli_fname != nullptr &&
+           std::strstr(info.dli_fname, "net_memif") != nullptr;
+}
+
+bool listening_socket(int fd) noexcept {
+    int listening = 0;
+    socklen_t len = sizeof listening;
+    return ::getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) == 0 && listening != 0;
+}
+
+void listener_trampoline(void* p) {
+    const auto* t = static_cast<const Trampoline*>(p);
+    DuringListener during;
+    t_listener_call = &during;
+    t->fn(t->arg);
+    t_listener_call = nullptr;
+    for (unsigned i = 0; i < during.n; ++i) {
+        const Registration& r = during.seen[i];
+        struct stat st{};
+        if (::fstat(r.fd, &st) == 0 && st.st_dev == r.dev && st.st_ino == r.ino) continue;  // the channel lives
+        // Given up on: its number is closed (or already another file's). The source is found by number and the
+        // callback by function and argument, so nothing else registered on that number is touched.
+        rte_intr_handle* h = rte_intr_instance_alloc(RTE_INTR_INSTANCE_F_PRIVATE);
+        if (h == nullptr) continue;
+        if (rte_intr_fd_set(h, r.fd) == 0 && rte_intr_type_set(h, RTE_INTR_HANDLE_EXT) == 0 &&
+            rte_intr_callback_unregister(h, r.fn, r.arg) > 0)
+            g_channels_dropped.fetch_add(1, std::memory_order_relaxed);
+        rte_intr_instance_free(h);
+    }
+}
+
+}  // namespace
+
+unsigned memif_listeners_wrapped() noexcept { return g_listeners_wrapped.load(std::memory_order_relaxed); }
+std::uint64_t memif_channels_dropped() noexcept { return g_channels_dropped.load(std::memory_order_relaxed); }
+
+}  // namespace softrdma::io::detail
+
+extern "C" __attribute__((visibility("default"))) int rte_intr_callback_register(const rte_intr_handle* h,
+                                                                                 rte_intr_callback_fn fn, void* arg) {
+    using namespace softrdma::io::detail;
+    const RegisterFn eal = eal_register();
+    if (eal == nullptr) return -ENOSYS;  // (not reached: DPDK's own is always found where DPDK runs)
+    if (!kKnownDpdk || h == nullptr || fn == nullptr) return eal(h, fn, arg);
+    const int fd = rte_intr_fd_get(h);
+    if (DuringListener* d = t_listener_call; d != nullptr && fd >= 0) {
+        const int rc = eal(h, fn, arg);
+        struct stat st{};
+        if (rc == 0 && d->n < d->seen.size() && ::fstat(fd, &st) == 0)
+            d->seen[d->n++] = Registration{fd, fn, arg, st.st_dev, st.st_ino};
+        return rc;
+    }
+    if (fd >= 0 && from_memif_driver(fn) && listening_socket(fd)) {
+        auto* t = new (std::nothrow) Trampoline{fn, arg};  // never freed: see above
+        if (t != nullptr) {
+            const int rc = eal(h, listener_trampoline, t);
+            if (rc == 0) g_listeners_wrapped.fetch_add(1, std::memory_order_relaxed);
+            else delete t;
+            return rc;
+        }
+    }
+    return eal(h, fn, arg);
+}

@@ -580,6 +580,12 @@ void Port::attach_guard(const PortConfig& cfg) {
     } else if (!why.empty()) {
         log::warn("{}: the mbufs memif's zero-copy driver lends its peer stay with it until the port closes", why);
     }
+    // The listener this server's socket registered (at probe, before this) must have reached memif_guard.cpp's
+    // rte_intr_callback_register; not when a program defines its own, or loads DPDK before softrdma.
+    if (cfg.memif_server && guard_.attached() && detail::memif_listeners_wrapped() == 0)
+        log::warn("{}: DPDK's interrupt registrations do not reach softrdma's (io/memif_guard.cpp): a client that "
+                  "connects and leaves before this memif server greets it makes DPDK's interrupt thread panic",
+                  name_);
     if (guard_.attached() && cfg.memif_server && cfg.memif_own_server_path) {
         own_server_path_ = server_path_.attach(port_id_, name_, this, why);
         if (!own_server_path_) log::warn("{}: the memif server moves frames through DPDK's driver", why);

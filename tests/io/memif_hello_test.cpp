@@ -1,0 +1,208 @@
+// SPDX-License-Identifier: MIT
+// A memif server must survive connections that leave before it greets them. DPDK 22.11's memif server accepts a
+// connection on its interrupt thread, registers the connection's interrupt callback and sends HELLO; when the
+// client has already gone, the send fails and the driver's error path closes the socket but leaves the callback
+// registered, and the interrupt thread's next epoll rebuild panics ("Error adding fd N epoll_ctl, Bad file
+// descriptor"): one connect() and close() on the socket's name, by any process that can reach it, killed the
+// server (SIGABRT before io/memif_guard.cpp, "Connections the listener gave up on").
+//
+// Here such knocks come before any client and again while a real client is linked; the server must keep
+// running, count the callbacks it removed, still let the real client in, keep its link through the second
+// volley, exchange frames both ways each time, and close cleanly.
+#include <catch2/catch.hpp>
+
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <rte_log.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstring>
+#include <new>
+#include <string>
+#include <thread>
+
+#include "io/eal.hpp"
+#include "io/memif_guard.hpp"
+#include "io/port.hpp"
+#include "tests/support/processes.hpp"
+
+using namespace softrdma;
+using namespace softrdma::test;
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+constexpr auto kWait = 20s;        // the link, a frame (sanitizer builds start their EAL slowly)
+constexpr unsigned kKnocks = 200;  // per volley: nearly every one leaves before the interrupt thread accepts it
+
+// Shared between the two processes (an anonymous shared mapping made before they fork).
+struct Shared {
+    std::atomic<int> phase{0};  // 1: the server opened and knocked; 2: the client got its first answer;
+                                // 3: the server knocked again while linked
+};
+Shared* g_shared = nullptr;
+
+void wait_phase(int at_least) {
+    const auto deadline = Clock::now() + kWait;
+    while (g_shared->phase.load() < at_least && Clock::now() < deadline) std::this_thread::sleep_for(1ms);
+}
+
+// Connects to the server socket's name (the driver binds it abstract) and leaves at once. True if connected.
+bool knock(const std::string& name) {
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    const std::size_t n = std::min(name.size(), sizeof a.sun_path - 2);
+    std::memcpy(a.sun_path + 1, name.data(), n);  // sun_path[0] = 0: an abstract name
+    const int s = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    if (s < 0) return false;
+    const bool ok = ::connect(s, reinterpret_cast<sockaddr*>(&a), static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + n)) == 0;
+    ::close(s);
+    return ok;
+}
+
+unsigned volley(const std::string& name) {
+    unsigned connected = 0;
+    for (unsigned i = 0; i < kKnocks; ++i) {
+        connected += knock(name) ? 1 : 0;
+        if (i % 16 == 15) std::this_thread::sleep_for(1ms);  // let the interrupt thread take some in between
+    }
+    return connected;
+}
+
+io::PortConfig port_config(const std::string& socket, bool server) {
+    io::PortConfig cfg;
+    cfg.backend = Backend::memif;
+    cfg.memif_socket = socket;
+    cfg.memif_server = server;
+    cfg.memif_zero_copy = false;
+    cfg.mbufs = 0;  // sized by the rule
+    cfg.link_timeout = kWait;
+    cfg.wait_for_link = !server;
+    return cfg;
+}
+
+bool send(io::Port& port, std::uint32_t tag) {
+    rte_mbuf* m = port.alloc();
+    if (m == nullptr) return false;
+    char* p = rte_pktmbuf_append(m, 64);
+    if (p == nullptr) {
+        rte_pktmbuf_free(m);  // never handed on: ours
+        return false;
+    }
+    std::memset(p, 0, 64);
+    std::memcpy(p, &tag, sizeof tag);
+    const auto deadline = Clock::now() + kWait;
+    while (port.tx_burst({&m, 1}) == 0) {  // sent: the driver's
+        if (Clock::now() >= deadline) {
+            rte_pktmbuf_free(m);  // never taken: still ours
+            return false;
+        }
+        std::this_thread::sleep_for(100us);
+    }
+    return true;
+}
+
+// The tag of the next frame, or 0 when none came within kWait.
+std::uint32_t receive(io::Port& port) {
+    const auto deadline = Clock::now() + kWait;
+    rte_mbuf* burst[8];
+    while (Clock::now() < deadline) {
+        const unsigned n = port.rx_burst(burst);
+        std::uint32_t tag = 0;
+        for (unsigned i = 0; i < n; ++i) {
+            if (tag == 0 && rte_pktmbuf_pkt_len(burst[i]) >= sizeof tag)
+                std::memcpy(&tag, rte_pktmbuf_mtod(burst[i], const void*), sizeof tag);
+            rte_pktmbuf_free(burst[i]);  // ours since rx_burst
+        }
+        if (tag != 0) return tag;
+        std::this_thread::sleep_for(100us);
+    }
+    return 0;
+}
+
+bool wait_up(io::Port& port) {
+    const auto deadline = Clock::now() + kWait;
+    while (!port.link_up())
+        if (Clock::now() >= deadline) return false;
+        else std::this_thread::sleep_for(1ms);
+    return true;
+}
+
+int server(const std::string& socket) {
+    io::EalConfig eal;
+    eal.lcores = "0";
+    auto port = io::open_port(port_config(socket, true), eal);
+    // The driver logs each HELLO it could not send: 2 x kKnocks lines otherwise.
+    rte_log_set_level_pattern("pmd.net.memif*", RTE_LOG_EMERG);
+    const unsigned first = volley(socket);
+    std::this_thread::sleep_for(200ms);  // the interrupt thread takes the rest of the backlog
+    g_shared->phase.store(1);
+    std::string err;
+    if (!wait_up(*port)) err += " the client never came;";
+    if (err.empty() && (receive(*port) != 101 || !send(*port, 201))) err += " no first exchange;";
+    wait_phase(2);
+    const unsigned second = err.empty() ? volley(socket) : 0;
+    std::this_thread::sleep_for(200ms);
+    const bool still_up = port->link_up();
+    g_shared->phase.store(3);
+    if (err.empty() && (receive(*port) != 102 || !send(*port, 202))) err += " no second exchange;";
+    if (err.empty() && receive(*port) != 103) err += " no acknowledgement;";  // only then may the link go
+    const bool clean = port->close() == io::Port::CloseResult::clean;
+    report("server: knocks=" + std::to_string(first) + "+" + std::to_string(second) +
+           " wrapped=" + std::to_string(io::detail::memif_listeners_wrapped()) +
+           " dropped=" + std::to_string(io::detail::memif_channels_dropped()) +
+           " still_up=" + std::to_string(still_up ? 1 : 0) + " clean=" + std::to_string(clean ? 1 : 0) + err);
+    return err.empty() ? 0 : 1;
+}
+
+int client(const std::string& socket) {
+    wait_phase(1);
+    io::EalConfig eal;
+    eal.lcores = "1";
+    auto port = io::open_port(port_config(socket, false), eal);
+    std::string err;
+    if (!send(*port, 101) || receive(*port) != 201) err += " no first answer;";
+    g_shared->phase.store(2);
+    wait_phase(3);
+    if (err.empty() && (!send(*port, 102) || receive(*port) != 202 || !send(*port, 103))) err += " no second answer;";
+    const auto gone = Clock::now() + kWait;  // the server closes
+    while (port->link_losses() == 0 && Clock::now() < gone) std::this_thread::sleep_for(1ms);
+    const bool clean = port->close() == io::Port::CloseResult::clean;
+    report("client: losses=" + std::to_string(port->link_losses()) + " clean=" + std::to_string(clean ? 1 : 0) + err);
+    return err.empty() ? 0 : 1;
+}
+
+unsigned field(const std::string& report, const std::string& name) {
+    const auto at = report.find(name + "=");
+    return at == std::string::npos ? ~0u : static_cast<unsigned>(std::stoul(report.substr(at + name.size() + 1)));
+}
+
+}  // namespace
+
+TEST_CASE("memif: a server survives connections that leave before its HELLO, before and while it is linked",
+          "[io][memif]") {
+    const std::string socket = "/run/" + unique_name("softrdma-hello-");
+    void* mem = ::mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    REQUIRE(mem != MAP_FAILED);
+    g_shared = new (mem) Shared;
+    const auto out = run_roles({{"server", [&] { return server(socket); }}, {"client", [&] { return client(socket); }}}, 90s);
+    ::munmap(mem, sizeof(Shared));
+    INFO("server:\n" << out[0].report << "client:\n" << out[1].report);
+    CHECK_FALSE(out[0].timed_out);
+    CHECK_FALSE(out[1].timed_out);
+    CHECK(out[0].exit_code == 0);  // 134 (SIGABRT) when the interrupt thread panicked
+    CHECK(out[1].exit_code == 0);
+    const std::string& s = out[0].report;
+    CHECK(field(s, "wrapped") >= 1);
+    CHECK(field(s, "dropped") >= 1);  // the driver gave up on some: their callbacks were removed
+    CHECK(field(s, "still_up") == 1);
+    CHECK(field(s, "clean") == 1);
+    CHECK(field(out[1].report, "clean") == 1);
+    CHECK(field(out[1].report, "losses") == 1);
+}
