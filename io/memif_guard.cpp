@@ -53,6 +53,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <iterator>
+#include <mutex>
 #include <new>
 #include <string_view>
 #include <thread>
@@ -209,7 +210,7 @@ std::string MemifGuard::describe() const {
 // whose accept fails: a whole core until the process ends (2.94 s of CPU in 3 s after a server's close), and
 // no new server on that socket in this process (its bind finds the name taken). Connections the listener had
 // accepted but no device took (a client's handshake still under way) keep a pointer to the socket too, which
-// they follow when the client's INIT message comes.
+// they would follow when the client's INIT message comes: they are ended first (end_untaken_channels, below).
 //
 // So before the last device on a server socket stops (port.cpp, Port::close), every listener of this process
 // bound to the name gets a never-readable eventfd dup3()'d under its number: the listener is closed (the name
@@ -218,8 +219,7 @@ std::string MemifGuard::describe() const {
 // a rebuild panic, a reused one would run the stale callback on someone else's file); one descriptor per server
 // socket closed, which the driver leaked anyway. Not done (tried, and dropped after a clean-clone run under TSan
 // panicked, before the stale sources of channels whose HELLO could not be sent were removed: see "Connections
-// the listener gave up on" below): shutting down the connections the listener accepted that no device took, and
-// making the interrupt thread rebuild its epoll set before the close.
+// the listener gave up on" below): making the interrupt thread rebuild its epoll set before the close.
 namespace softrdma::io::detail {
 namespace {
 
@@ -315,6 +315,7 @@ bool retire_memif_listener(const std::string& socket, const std::string& port) n
         // The listener's number is the driver's for good (nothing closes it), so it is the one replaced; our
         // duplicate goes after, which releases the file.
         for (const Found& f : unix_fds(socket, UnixRole::listener)) {
+            end_untaken_channels(f.dup);
             if (same_file(f.fd, f.dup)) ::dup3(never_readable, f.fd, O_CLOEXEC);
             ::close(f.dup);
         }
@@ -952,9 +953,10 @@ std::uint16_t MemifServerPath::tx(rte_mbuf** frames, std::uint16_t count) noexce
 // definition comes first), and it forwards each call to DPDK's own. A registration by the memif driver on a
 // listening socket gets a trampoline in place of the driver's listener callback: the trampoline calls it, and
 // afterwards unregisters any control-channel callback registered during that call whose socket is no longer
-// open under its number, before the interrupt thread can rebuild. Ownership: a trampoline's state is never
-// freed (the driver never unregisters a listener either: one per server socket for the process's life). DPDK
-// 22.11 only; with any other DPDK every call is forwarded untouched.
+// open under its number, before the interrupt thread can rebuild; the others (greeted) it keeps in a record,
+// from which the socket's last close ends those no device took (end_untaken_channels). Ownership: a
+// trampoline's state is never freed (the driver never unregisters a listener either: one per server socket for
+// the process's life). DPDK 22.11 only; with any other DPDK every call is forwarded untouched.
 namespace softrdma::io::detail {
 namespace {
 
@@ -974,11 +976,6 @@ RegisterFn eal_register() noexcept {
     return fn;
 }
 
-struct Trampoline {
-    rte_intr_callback_fn fn;  // the driver's listener callback
-    void* arg;                // and its argument (the driver's socket)
-};
-
 // A control-channel callback registered during a listener callback, and the socket it watches.
 struct Registration {
     int fd;
@@ -986,7 +983,25 @@ struct Registration {
     void* arg;
     dev_t dev;
     ino_t ino;
+    bool open() const noexcept {  // the socket is still under its number
+        struct stat st{};
+        return ::fstat(fd, &st) == 0 && st.st_dev == dev && st.st_ino == ino;
+    }
 };
+
+struct Trampoline {
+    rte_intr_callback_fn fn;  // the driver's listener callback
+    void* arg;                // and its argument (the driver's socket)
+    dev_t dev;                // the listening socket
+    ino_t ino;
+    // The connections this listener accepted and greeted, while they last (pruned at each accept; a device's
+    // control channel among them until its link ends): added on the interrupt thread, taken by
+    // end_untaken_channels. Sizing: the handshakes under way plus the links up on the socket.
+    std::mutex lock;
+    std::vector<Registration> live;
+};
+std::mutex g_trampolines_lock;
+std::vector<Trampoline*> g_trampolines;  // every listener wrapped (never freed, as the trampolines)
 // Sizing: memif_listener_handler accepts one connection and registers one callback a call; the rest are ignored.
 constexpr unsigned kRegistrationsPerCall = 4;
 struct DuringListener {
@@ -997,6 +1012,7 @@ thread_local DuringListener* t_listener_call = nullptr;  // set on the interrupt
 
 std::atomic<unsigned> g_listeners_wrapped{0};
 std::atomic<std::uint64_t> g_channels_dropped{0};
+std::atomic<std::uint64_t> g_channels_ended{0};
 
 bool from_memif_driver(rte_intr_callback_fn fn) noexcept {
     Dl_info info{};
@@ -1010,30 +1026,84 @@ bool listening_socket(int fd) noexcept {
     return ::getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) == 0 && listening != 0;
 }
 
+// Removes the callback `r` names: the source is found by number and the callback by function and argument, so
+// nothing else registered on that number is touched. DPDK's answer: callbacks removed (> 0), 0 or -ENOENT when
+// it was gone already, -EAGAIN while the interrupt thread runs a callback of that source.
+int unregister(const Registration& r) noexcept {
+    rte_intr_handle* h = rte_intr_instance_alloc(RTE_INTR_INSTANCE_F_PRIVATE);
+    if (h == nullptr) return -ENOMEM;
+    int rc = -EINVAL;
+    if (rte_intr_fd_set(h, r.fd) == 0 && rte_intr_type_set(h, RTE_INTR_HANDLE_EXT) == 0)
+        rc = rte_intr_callback_unregister(h, r.fn, r.arg);
+    rte_intr_instance_free(h);
+    return rc;
+}
+
 void listener_trampoline(void* p) {
-    const auto* t = static_cast<const Trampoline*>(p);
+    auto* t = static_cast<Trampoline*>(p);
     DuringListener during;
     t_listener_call = &during;
     t->fn(t->arg);
     t_listener_call = nullptr;
     for (unsigned i = 0; i < during.n; ++i) {
         const Registration& r = during.seen[i];
-        struct stat st{};
-        if (::fstat(r.fd, &st) == 0 && st.st_dev == r.dev && st.st_ino == r.ino) continue;  // the channel lives
-        // Given up on: its number is closed (or already another file's). The source is found by number and the
-        // callback by function and argument, so nothing else registered on that number is touched.
-        rte_intr_handle* h = rte_intr_instance_alloc(RTE_INTR_INSTANCE_F_PRIVATE);
-        if (h == nullptr) continue;
-        if (rte_intr_fd_set(h, r.fd) == 0 && rte_intr_type_set(h, RTE_INTR_HANDLE_EXT) == 0 &&
-            rte_intr_callback_unregister(h, r.fn, r.arg) > 0)
-            g_channels_dropped.fetch_add(1, std::memory_order_relaxed);
-        rte_intr_instance_free(h);
+        if (r.open()) {  // greeted: a handshake under way
+            try {
+                const std::lock_guard<std::mutex> g(t->lock);
+                std::erase_if(t->live, [](const Registration& l) { return !l.open(); });
+                t->live.push_back(r);
+            } catch (const std::exception&) {
+                // (no memory: this connection stays the driver's alone, as without the trampoline)
+            }
+            continue;
+        }
+        // Given up on: its number is closed (or already another file's).
+        if (unregister(r) > 0) g_channels_dropped.fetch_add(1, std::memory_order_relaxed);
     }
 }
 
 }  // namespace
 
+// The connections the listening socket `listener` (any descriptor of it) accepted that are still open, ended:
+// each one's callback removed (waiting while the interrupt thread runs it), then its socket shut down and
+// closed, so its client sees the end and no message of its can reach the driver again. The driver's channel
+// state (a few hundred bytes of its heap) is left. Only when no device on the socket can take a connection any
+// more: retire_memif_listener, for the socket's last device, after its disconnect (it is disabled: the driver
+// refuses INITs for it). A connection the driver ended meanwhile is left to it (its callback gone: rc <= 0).
+unsigned end_untaken_channels(int listener) noexcept {
+    struct stat st{};
+    if (::fstat(listener, &st) != 0) return 0;
+    std::vector<Registration> untaken;
+    try {
+        const std::lock_guard<std::mutex> g(g_trampolines_lock);
+        for (Trampoline* t : g_trampolines) {
+            if (t->dev != st.st_dev || t->ino != st.st_ino) continue;
+            const std::lock_guard<std::mutex> tg(t->lock);
+            for (const Registration& r : t->live) untaken.push_back(r);
+            t->live.clear();
+        }
+    } catch (const std::exception&) {
+        return 0;
+    }
+    unsigned ended = 0;
+    for (const Registration& r : untaken) {
+        if (!r.open()) continue;  // ended by the driver
+        int rc = unregister(r);
+        for (unsigned i = 0; rc == -EAGAIN && i < 1000; ++i) {  // its callback is running: at most ~1 s
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+            rc = unregister(r);
+        }
+        if (rc <= 0) continue;
+        ::shutdown(r.fd, SHUT_RDWR);
+        ::close(r.fd);  // its number no longer has a source: a file reusing it is nobody's business here
+        ++ended;
+    }
+    g_channels_ended.fetch_add(ended, std::memory_order_relaxed);
+    return ended;
+}
+
 unsigned memif_listeners_wrapped() noexcept { return g_listeners_wrapped.load(std::memory_order_relaxed); }
+std::uint64_t memif_channels_ended() noexcept { return g_channels_ended.load(std::memory_order_relaxed); }
 std::uint64_t memif_channels_dropped() noexcept { return g_channels_dropped.load(std::memory_order_relaxed); }
 
 }  // namespace softrdma::io::detail
@@ -1053,11 +1123,18 @@ extern "C" __attribute__((visibility("default"))) int rte_intr_callback_register
         return rc;
     }
     if (fd >= 0 && from_memif_driver(fn) && listening_socket(fd)) {
-        auto* t = new (std::nothrow) Trampoline{fn, arg};  // never freed: see above
-        if (t != nullptr) {
+        struct stat st{};
+        auto* t = ::fstat(fd, &st) == 0 ? new (std::nothrow) Trampoline{fn, arg, st.st_dev, st.st_ino, {}, {}} : nullptr;
+        if (t != nullptr) {  // never freed: see above
+            try {
+                const std::lock_guard<std::mutex> g(g_trampolines_lock);
+                g_trampolines.push_back(t);
+            } catch (const std::exception&) {
+                delete t;
+                return eal(h, fn, arg);
+            }
             const int rc = eal(h, listener_trampoline, t);
-            if (rc == 0) g_listeners_wrapped.fetch_add(1, std::memory_order_relaxed);
-            else delete t;
+            if (rc == 0) g_listeners_wrapped.fetch_add(1, std::memory_order_relaxed);  // (else it stays unused)
             return rc;
         }
     }

@@ -31,6 +31,11 @@ bool retire_memif_listener(const std::string& socket, const std::string& port) n
 // server's open: the wrapping is not in effect, and port.cpp warns), and such callbacks removed so far.
 unsigned memif_listeners_wrapped() noexcept;
 std::uint64_t memif_channels_dropped() noexcept;
+// Connections a server socket's listener accepted that no device took, ended when the socket's last device
+// closed (retire_memif_listener): their client sees the end; an INIT of theirs after the driver freed the socket
+// would have had the interrupt thread follow the freed socket. Counted so far in this process.
+unsigned end_untaken_channels(int listener) noexcept;
+std::uint64_t memif_channels_ended() noexcept;
 
 // What port.cpp asked the driver for, to recognise the driver's private state.
 struct MemifExpect {

@@ -8,9 +8,11 @@
 //
 // Here such knocks come before any client and again while a real client is linked; the server must keep
 // running, count the callbacks it removed, still let the real client in, keep its link through the second
-// volley, exchange frames both ways each time, and close cleanly.
+// volley, exchange frames both ways each time, and close cleanly. And a connection greeted but not taken by a
+// device must end when the server closes.
 #include <catch2/catch.hpp>
 
+#include <poll.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -64,6 +66,30 @@ bool knock(const std::string& name) {
     const bool ok = ::connect(s, reinterpret_cast<sockaddr*>(&a), static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + n)) == 0;
     ::close(s);
     return ok;
+}
+
+// Connects to the server socket's name and stays: the descriptor (-1 when refused).
+int connect_to(const std::string& name) {
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    const std::size_t n = std::min(name.size(), sizeof a.sun_path - 2);
+    std::memcpy(a.sun_path + 1, name.data(), n);
+    const int s = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    if (s >= 0 && ::connect(s, reinterpret_cast<sockaddr*>(&a), static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + n)) != 0) {
+        ::close(s);
+        return -1;
+    }
+    return s;
+}
+
+// What the next receive on `fd` brings within `wait`: bytes (> 0), 0 at the end of the connection, -1 on an
+// error (the connection reset), -2 when nothing came.
+long next_message(int fd, std::chrono::milliseconds wait) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, static_cast<int>(wait.count())) <= 0) return -2;
+    char buf[512];
+    const ssize_t n = ::recv(fd, buf, sizeof buf, MSG_DONTWAIT);
+    return n >= 0 ? static_cast<long>(n) : -1;
 }
 
 unsigned volley(const std::string& name) {
@@ -205,4 +231,34 @@ TEST_CASE("memif: a server survives connections that leave before its HELLO, bef
     CHECK(field(s, "clean") == 1);
     CHECK(field(out[1].report, "clean") == 1);
     CHECK(field(out[1].report, "losses") == 1);
+}
+
+// A connection the server accepted and greeted but that no device took (its client has not sent INIT yet) kept a
+// pointer to the server's socket, which the driver frees when its last device closes; an INIT coming later had
+// the interrupt thread follow it. The server's close must end such a connection instead (left open before).
+TEST_CASE("memif: a connection no device took ends when its server closes", "[io][memif]") {
+    const std::string socket = "/run/" + unique_name("softrdma-hello-");
+    const auto out = run_roles({{"server", [&] {
+                                    io::EalConfig eal;
+                                    eal.lcores = "0";
+                                    auto port = io::open_port(port_config(socket, true), eal);
+                                    const int c = connect_to(socket);
+                                    const long hello = c >= 0 ? next_message(c, 5s) : -3;
+                                    const bool clean = port->close() == io::Port::CloseResult::clean;
+                                    const long after = c >= 0 ? next_message(c, 3s) : -3;
+                                    report("hello=" + std::to_string(hello) + " after=" + std::to_string(after + 10) +
+                                           " clean=" + std::to_string(clean ? 1 : 0) +
+                                           " ended=" + std::to_string(io::detail::memif_channels_ended()));
+                                    if (c >= 0) ::close(c);
+                                    return 0;
+                                }}},
+                               60s);
+    INFO(out[0].report);
+    CHECK(out[0].exit_code == 0);
+    CHECK(field(out[0].report, "hello") > 0);  // accepted and greeted
+    // Then ended: 10 (end of file) or 9 (reset), not left open (8: nothing within 3 s).
+    CHECK(field(out[0].report, "after") >= 9);
+    CHECK(field(out[0].report, "after") <= 10);
+    CHECK(field(out[0].report, "clean") == 1);
+    CHECK(field(out[0].report, "ended") == 1);  // by the port's close (io/memif_guard.cpp, end_untaken_channels)
 }
