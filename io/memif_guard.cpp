@@ -294,12 +294,12 @@ std::vector<Found> unix_fds(const std::string& name, UnixRole role) {
     return found;
 }
 
+}  // namespace
+
 bool same_file(int a, int b) noexcept {
     struct stat sa{}, sb{};
     return ::fstat(a, &sa) == 0 && ::fstat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
 }
-
-}  // namespace
 
 bool retire_memif_listener(const std::string& socket, const std::string& port) noexcept {
     try {

@@ -37,6 +37,9 @@ std::uint64_t memif_channels_dropped() noexcept;
 unsigned end_untaken_channels(int listener) noexcept;
 std::uint64_t memif_channels_ended() noexcept;
 
+// Whether two descriptors name the same open file (device and inode); false if either is not open.
+bool same_file(int a, int b) noexcept;
+
 // What port.cpp asked the driver for, to recognise the driver's private state.
 struct MemifExpect {
     std::string socket;

@@ -242,11 +242,6 @@ int eal_fd_of(const rte_memseg_list* msl) {
     return f.fd;
 }
 
-bool same_file(int a, int b) {
-    struct stat sa{}, sb{};
-    return ::fstat(a, &sa) == 0 && ::fstat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
-}
-
 // Before a zero-copy client's first handshake: a duplicate of every list file the EAL has open now.
 void keep_eal_files() {
     std::vector<std::pair<const rte_memseg_list*, int>> lists;
@@ -261,7 +256,7 @@ void keep_eal_files() {
     for (const auto& [msl, fd] : lists) {
         if (fd < 0) continue;
         auto it = std::find_if(g_kept.begin(), g_kept.end(), [msl = msl](const KeptFile& k) { return k.msl == msl; });
-        if (it != g_kept.end() && it->eal_fd == fd && same_file(fd, it->copy)) continue;  // kept already
+        if (it != g_kept.end() && it->eal_fd == fd && detail::same_file(fd, it->copy)) continue;  // kept already
         const int copy = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
         if (copy < 0) continue;
         if (it != g_kept.end()) {
@@ -280,7 +275,7 @@ void restore_eal_files(const std::string& port) noexcept {
         if (eal_fd_of(k.msl) != k.eal_fd) continue;  // the EAL uses another file now (or none)
         if (::fcntl(k.eal_fd, F_GETFD) == -1 && errno == EBADF) {
             ::dup3(k.copy, k.eal_fd, O_CLOEXEC);
-        } else if (!same_file(k.eal_fd, k.copy) && !g_eal_files_lost.exchange(true)) {
+        } else if (!detail::same_file(k.eal_fd, k.copy) && !g_eal_files_lost.exchange(true)) {
             log::error("{}: memif zero-copy: DPDK's hugepage file descriptor {} was closed by the driver and reused "
                        "by another file before it could be restored; this process cannot allocate DPDK memory "
                        "safely any more", port, k.eal_fd);
