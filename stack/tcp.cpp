@@ -459,7 +459,8 @@ void TcpConnection::on_err_cb(void* arg, err_t err) {
 }
 
 std::unique_ptr<TcpConnection> connect(Stack& stack, Ipv4 address, std::uint16_t port,
-                                       TcpConnection::Handler& handler, std::chrono::milliseconds timeout) {
+                                       TcpConnection::Handler& handler, std::chrono::milliseconds timeout,
+                                       std::uint16_t local_port) {
     stack.assert_owner();
     tcp_pcb* pcb = tcp_new_ip_type(IPADDR_TYPE_V4);
     if (pcb == nullptr) throw std::runtime_error("lwIP: no free TCP pcb (MEMP_NUM_TCP_PCB in lwipopts.h)");
@@ -467,6 +468,15 @@ std::unique_ptr<TcpConnection> connect(Stack& stack, Ipv4 address, std::uint16_t
     conn->connect_deadline_ = std::chrono::steady_clock::now() + timeout;
     seed_rto(pcb, kSynRto);
     conn->attach();
+    if (local_port != 0) {
+        // A connection of ours that ended on this port may still be in TIME_WAIT (a connect tried again from
+        // the same port): lwIP lets a SOF_REUSEADDR pcb bind beside it.
+        ip_set_option(pcb, SOF_REUSEADDR);
+        if (tcp_bind(pcb, IP4_ADDR_ANY, local_port) != ERR_OK) {
+            conn->abort();
+            throw std::runtime_error("TCP port " + std::to_string(local_port) + " is already in use");
+        }
+    }
     ip_addr_t ip;
     ip_addr_set_ip4_u32(&ip, address.be);
     if (const err_t e = tcp_connect(pcb, &ip, port, &TcpConnection::on_connected_cb); e != ERR_OK) {

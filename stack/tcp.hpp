@@ -186,7 +186,7 @@ private:
     friend class TcpListener;
     friend class RecvBuffer;
     friend std::unique_ptr<TcpConnection> connect(Stack&, Ipv4, std::uint16_t, TcpConnection::Handler&,
-                                                  std::chrono::milliseconds);
+                                                  std::chrono::milliseconds, std::uint16_t);
     TcpConnection(Stack& stack, tcp_pcb* pcb, Handler* handler, bool connected) noexcept;
     void attach() noexcept;
     void detach() noexcept;
@@ -248,11 +248,15 @@ private:
     std::size_t tx_pushed_end_ = 0, tx_staged_end_ = 0;
 };
 
-// Opens a connection; the handler hears on_connected() or on_error(refused / timed_out).
-// Throws std::runtime_error only when lwIP cannot even start (no pcb free, no route).
+inline constexpr std::chrono::milliseconds kConnectTimeout{5000};  // connect()'s default: SYN retries end then
+
+// Opens a connection; the handler hears on_connected() or on_error(refused / timed_out). From `local_port` when
+// not 0 (else one of lwIP's ephemeral ports, TCP_LOCAL_PORT_RANGE_START and up).
+// Throws std::runtime_error only when lwIP cannot even start (no pcb free, no route, `local_port` taken).
 std::unique_ptr<TcpConnection> connect(Stack& stack, Ipv4 address, std::uint16_t port,
                                        TcpConnection::Handler& handler,
-                                       std::chrono::milliseconds timeout = std::chrono::seconds(5));
+                                       std::chrono::milliseconds timeout = kConnectTimeout,
+                                       std::uint16_t local_port = 0);
 
 class TcpListener {
 public:

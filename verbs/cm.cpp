@@ -117,8 +117,7 @@ Conn::Conn(Engine& engine, CmListener& listener, const ConnParam& defaults, std:
       listener_(&listener) {
     tcp_->set_handler(handler_.get());
     tcp_->set_priority(stack::TcpPriority::expendable);  // gives way to new connections until RDMA mode
-    peer_ = peer_of(*tcp_);
-    peer_ip_be_ = tcp_->flow_info().remote_ip_be;
+    note_endpoints();
     pending_ = true;  // the engine counted it (new_request)
     mpa::NegotiationConfig nc;
     nc.crc = defaults.crc;
@@ -157,7 +156,9 @@ Conn::Conn(Engine& engine, stack::Ipv4 addr, std::uint16_t port, QueuePair& qp, 
     addr_ = addr;
     port_ = port;
     retry_until_ = mpa::Clock::now() + param.connect_retry;
-    tcp_ = stack::connect(engine_.stack(), addr, port, *handler_);  // throws when lwIP cannot start: nothing bound yet
+    local_port_ = param.local_port;
+    // Throws when lwIP cannot start (or the port is taken): nothing bound yet.
+    tcp_ = stack::connect(engine_.stack(), addr, port, *handler_, stack::kConnectTimeout, local_port_);
     engine_.add_conn(this);
     qp_ = &qp.impl();
     qp_handle_ = &qp;
@@ -278,15 +279,20 @@ bool Conn::qp_leaves() noexcept {
     return true;
 }
 
+void Conn::note_endpoints() {
+    const stack::TcpConnection::FlowInfo fi = tcp_->flow_info();
+    peer_ = peer_of(*tcp_);
+    peer_ip_be_ = fi.remote_ip_be;
+    peer_port_ = fi.remote_port;
+    local_port_ = fi.local_port;
+}
+
 // ---- TCP events ---------------------------------------------------------------------------------------------
 
 void Conn::on_tcp_connected() {
     if (phase_ != Phase::connecting) return;
     phase_ = Phase::negotiating;
-    if (tcp_) {
-        peer_ = peer_of(*tcp_);
-        peer_ip_be_ = tcp_->flow_info().remote_ip_be;
-    }
+    if (tcp_) note_endpoints();
     // With an RX thread: it follows the connection from here (before our MPA request, so before any byte the
     // responder sends), forwarding in-order bytes until the QP hands the stream over after the reply.
     if (qp_ != nullptr && tcp_) qp_->watch(*tcp_);
@@ -642,7 +648,7 @@ void Conn::service(mpa::Clock::time_point now) {
         } else if (now >= *retry_at_) {
             retry_at_.reset();
             try {
-                tcp_ = stack::connect(engine_.stack(), addr_, port_, *handler_);
+                tcp_ = stack::connect(engine_.stack(), addr_, port_, *handler_, stack::kConnectTimeout, local_port_);
             } catch (const std::exception& e) {
                 tcp_.reset();
                 finish(CmEventType::unreachable, std::string("TCP: ") + e.what());
@@ -716,6 +722,9 @@ QueuePair* CmId::qp() noexcept { return impl_->qp(); }
 bool CmId::connected() const noexcept { return impl_->connected(); }
 unsigned CmId::nudges_sent() const noexcept { return impl_->nudges_sent(); }
 std::string CmId::peer() const { return impl_->peer(); }
+Ipv4 CmId::peer_address() const noexcept { return impl_->peer_address(); }
+std::uint16_t CmId::peer_port() const noexcept { return impl_->peer_port(); }
+std::uint16_t CmId::local_port() const noexcept { return impl_->local_port(); }
 
 CmListener::CmListener(std::unique_ptr<detail::Listener> impl) : impl_(std::move(impl)) { impl_->set_handle(this); }
 CmListener::~CmListener() = default;

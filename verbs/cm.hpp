@@ -50,6 +50,9 @@ public:
     bool connected() const noexcept { return phase_ == Phase::rdma; }
     unsigned nudges_sent() const noexcept { return nudges_sent_; }
     const std::string& peer() const noexcept { return peer_; }
+    stack::Ipv4 peer_address() const noexcept { return stack::Ipv4{peer_ip_be_}; }
+    std::uint16_t peer_port() const noexcept { return peer_port_; }
+    std::uint16_t local_port() const noexcept { return local_port_; }
 
     // ---- the QP's interface: its stream ended ----
     void stream_closed_by_peer();            // FIN
@@ -104,6 +107,7 @@ private:
     void emit(CmEventType type, const std::string& reason = {});
     void leave_pending() noexcept;
     void unbind_qp() noexcept;
+    void note_endpoints();  // peer_, peer_ip_be_, peer_port_, local_port_ from the TCP connection
 
     std::shared_ptr<Engine> keep_engine_;  // first: goes last (the id may outlive the Context)
     Engine& engine_;
@@ -121,6 +125,8 @@ private:
     mpa::PrivateData peer_pd_{};
     std::string peer_;           // "a.b.c.d:port", set when TCP connects
     std::uint32_t peer_ip_be_{0};
+    std::uint16_t peer_port_{0};   // host order, with peer_
+    std::uint16_t local_port_{0};  // ours: ConnParam::local_port for an initiator until TCP connects, then TCP's
     bool pending_{false};        // counted in the engine's pending connections (responder, before its request)
     bool stream_owned_{false};   // the QP's stream holds the TCP callbacks
     bool draining_{false};       // disconnect(): waiting for the QP's send queue to reach TCP

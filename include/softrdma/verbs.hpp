@@ -511,6 +511,9 @@ struct ConnParam {
     // processes start together) is tried again every 20 ms until this long after connect(); the QP stays in
     // RTR and sees nothing of it. 0 = report it at once (unreachable).
     std::chrono::milliseconds connect_retry{0};
+    // connect: the TCP source port (0: one of lwIP's ephemeral ports, 49152 and up). One that a connection or
+    // listener of this Context holds fails connect() (it throws).
+    std::uint16_t local_port{0};
     // Dead-peer detection (connect; accept): see Liveness.
     Liveness liveness{};
 };
@@ -565,6 +568,10 @@ public:
     unsigned nudges_sent() const noexcept;
     // The peer's address and TCP port ("10.0.0.2:51234"), known once TCP is connected; "" before.
     std::string peer() const;
+    // The same as numbers (0 before), and our end's TCP port: the connection's identity as the wire shows it.
+    Ipv4 peer_address() const noexcept;
+    std::uint16_t peer_port() const noexcept;
+    std::uint16_t local_port() const noexcept;
     // Initiator, peer-to-peer: when the reply asks for an RTR we can send but cannot agree to (no matching RTR,
     // insufficient IRD), that RTR goes first and the TERMINATE this long after it (see cm.cpp).
     static constexpr auto kRtrSettle = std::chrono::milliseconds(300);

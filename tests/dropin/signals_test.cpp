@@ -250,6 +250,56 @@ TEST_CASE("rdma_bind_addr to port 0 takes a free port at once, distinct per id, 
     rdma_destroy_event_channel(ch);
 }
 
+TEST_CASE("rdma_resolve_addr binds an unbound id as the kernel's rdma_cm does: to the source given (the device's "
+          "address or the wildcard) or to a free port, which its connection leaves from",
+          "[dropin][cm]") {
+    rdma_event_channel* ch = rdma_create_event_channel();
+    REQUIRE(ch != nullptr);
+    const auto make = [&] {
+        rdma_cm_id* id = nullptr;
+        REQUIRE(rdma_create_id(ch, &id, nullptr, RDMA_PS_TCP) == 0);
+        return id;
+    };
+    const auto resolve = [](rdma_cm_id* id, const char* src_ip, std::uint16_t src_port) {
+        sockaddr_in dst = addr("198.18.0.2", 7499);
+        sockaddr_in src = addr(src_ip != nullptr ? src_ip : "0.0.0.0", src_port);
+        errno = 0;
+        return rdma_resolve_addr(id, src_ip != nullptr ? reinterpret_cast<sockaddr*>(&src) : nullptr,
+                                 reinterpret_cast<sockaddr*>(&dst), 2000) == 0 ? 0 : errno;
+    };
+    const auto bind = [](rdma_cm_id* id, const char* ip, std::uint16_t port) {
+        sockaddr_in a = addr(ip, port);
+        errno = 0;
+        return rdma_bind_addr(id, reinterpret_cast<sockaddr*>(&a)) == 0 ? 0 : errno;
+    };
+    const auto port_of = [](rdma_cm_id* id) { return ntohs(rdma_get_src_port(id)); };
+    rdma_cm_id* a = make();
+    CHECK(resolve(a, "192.0.2.7", 0) == EADDRNOTAVAIL);  // not this device's address
+    CHECK(port_of(a) == 0);
+    CHECK(resolve(a, "198.18.0.1", 7495) == 0);  // the device's address and a port
+    CHECK(port_of(a) == 7495);
+    const auto* local = reinterpret_cast<const sockaddr_in*>(rdma_get_local_addr(a));
+    CHECK(local->sin_addr.s_addr == addr("198.18.0.1", 0).sin_addr.s_addr);
+    rdma_cm_id* b = make();
+    CHECK(bind(b, "0.0.0.0", 7495) == EADDRNOTAVAIL);  // held by a
+    CHECK(resolve(b, nullptr, 0) == 0);  // no source: a free port
+    CHECK(port_of(b) >= 32768);
+    CHECK(port_of(b) < 49152);
+    rdma_cm_id* c = make();
+    CHECK(bind(c, "0.0.0.0", 7496) == 0);
+    CHECK(resolve(c, nullptr, 0) == 0);  // bound already: stays on its port
+    CHECK(port_of(c) == 7496);
+    rdma_cm_id* d = make();
+    CHECK(bind(d, "0.0.0.0", 7497) == 0);
+    REQUIRE(rdma_listen(d, 0) == 0);
+    CHECK(resolve(d, nullptr, 0) == EINVAL);  // a listener
+    for (rdma_cm_id* id : {a, b, c, d}) CHECK(rdma_destroy_id(id) == 0);
+    rdma_cm_id* e = make();
+    CHECK(bind(e, "0.0.0.0", 7495) == 0);  // given back with a
+    CHECK(rdma_destroy_id(e) == 0);
+    rdma_destroy_event_channel(ch);
+}
+
 TEST_CASE("a synchronous id (no channel) waits for each call's event and keeps it; rdma_get_request needs one",
           "[dropin][cm]") {
     rdma_cm_id* id = nullptr;

@@ -188,6 +188,50 @@ TEST_CASE("a responder that speaks first without peer-to-peer: sent after the gr
     }
 }
 
+// ConnParam::local_port: the connection leaves from the TCP port asked for (what the drop-in librdmacm needs for a
+// port rdma_bind_addr or rdma_resolve_addr gave the id), and each end's CmId shows the connection's endpoints as
+// the other end sees them; without it, one of lwIP's ephemeral ports.
+TEST_CASE("connect from a chosen TCP port, or an ephemeral one: both ends see the connection's endpoints",
+          "[verbs][memif]") {
+    constexpr std::uint16_t kChosen = 7391;
+    auto endpoints = [](const verbs::CmId& id) {
+        return "local=" + std::to_string(id.local_port()) + " peer=" + id.peer_address().str() + ":" +
+               std::to_string(id.peer_port());
+    };
+    for (const bool chosen : {true, false}) {
+        auto server = [&](const PeerConfig& cfg) {
+            Peer p(cfg, 64, verbs::access::local_write);
+            p.serve();
+            report("server " + endpoints(*p.id) + " listen=" + std::to_string(cfg.tcp_port));
+            return p.end(0);
+        };
+        auto client = [&](const PeerConfig& cfg) {
+            Peer p(cfg, 64, verbs::access::local_write);
+            if (chosen) p.conn.local_port = kChosen;
+            p.connect();
+            report("client " + endpoints(*p.id));
+            return p.end(0);
+        };
+        const auto out = run_pair(server, client);
+        check_outcomes(out);
+        const auto value = [](const std::string& r, const std::string& key) {
+            const auto at = r.find(key + "=");
+            return at == std::string::npos ? std::string() : r.substr(at + key.size() + 1, r.find_first_of(" \n", at) - at - key.size() - 1);
+        };
+        const std::string& sr = out[0].report;
+        const std::string& cr = out[1].report;
+        INFO(sr << cr);
+        const std::string client_port = value(cr, "local");
+        if (chosen) CHECK(client_port == std::to_string(kChosen));
+        else CHECK(std::stoul(client_port.empty() ? "0" : client_port) >= 49152);  // lwIP's ephemeral range
+        // The server sees the client's address and that port; the client sees the server's and its listening port.
+        CHECK(value(sr, "peer").ends_with(":" + client_port));
+        CHECK(value(sr, "local") == value(sr, "listen"));
+        CHECK(value(cr, "peer").ends_with(":" + value(sr, "listen")));
+        CHECK(value(sr, "peer").substr(0, value(sr, "peer").find(':')) != "0.0.0.0");
+    }
+}
+
 TEST_CASE("connect to a port nobody listens on: unreachable, receives flushed", "[verbs][memif]") {
     auto server = [](const PeerConfig& cfg) {
         Peer p(cfg, 64, verbs::access::local_write);

@@ -120,6 +120,22 @@ std::uint16_t pick_port() {
     return 0;
 }
 
+// Binds `id` (not bound yet) to `port` of the wildcard or the device's address; port 0 takes a free one. 0, or
+// the errno (the kernel's rdma_bind_addr). Under the lock.
+int bind_port(Id* id, bool any_addr, std::uint16_t port) {
+    id->any_addr = any_addr;
+    if (port == 0) {
+        port = pick_port();
+        if (port == 0) return EADDRNOTAVAIL;  // none free (the kernel's cma_alloc_any_port)
+    } else if (const int e = port_conflict(id, port); e != 0) {
+        return e;
+    }
+    id->src_port = port;
+    g_port_owners[port].push_back(id);
+    id->bound = true;
+    return 0;
+}
+
 EvChannel* chan(rdma_event_channel* c) { return reinterpret_cast<EvChannel*>(c); }
 Id* of_id(rdma_cm_id* i) { return reinterpret_cast<Id*>(i); }
 
@@ -175,6 +191,8 @@ void after_turn() noexcept {
                 child->id.port_num = 1;
                 child->cm = std::move(ev->request);
                 child->src_port = parent->src_port;
+                child->dst = child->cm->peer_address();  // the initiator's address and TCP port
+                child->dst_port = child->cm->peer_port();
                 g_by_cm[child->cm.get()] = child;
                 fill_addr(child, *rt);
                 queue_event(child, RDMA_CM_EVENT_CONNECT_REQUEST, 0, parent, &ev->private_data, ev->ird, ev->ord);
@@ -424,21 +442,10 @@ int rdma_bind_addr(rdma_cm_id* id, sockaddr* addr) {
         errno = EINVAL;  // bound or in use already: the kernel's rdma_cm binds an id once, while it is idle
         return -1;
     }
-    i->any_addr = sin->sin_addr.s_addr == INADDR_ANY;
-    std::uint16_t port = ntohs(sin->sin_port);
-    if (port == 0) {
-        port = pick_port();
-        if (port == 0) {
-            errno = EADDRNOTAVAIL;  // none free (the kernel's cma_alloc_any_port)
-            return -1;
-        }
-    } else if (const int e = port_conflict(i, port); e != 0) {
+    if (const int e = bind_port(i, sin->sin_addr.s_addr == INADDR_ANY, ntohs(sin->sin_port)); e != 0) {
         errno = e;
         return -1;
     }
-    i->src_port = port;
-    g_port_owners[port].push_back(i);
-    i->bound = true;
     id->verbs = device_context();
     if (id->pd == nullptr) id->pd = pd;
     fill_addr(i, *rt);
@@ -472,10 +479,29 @@ int rdma_resolve_addr(rdma_cm_id* id, sockaddr* src, sockaddr* dst, int) {
     }
     Runtime* rt = runtime();
     if (rt == nullptr) return -1;
+    // A source address must be this device's (or the wildcard), as the kernel's rdma_cm binds the id to it.
+    const auto* s = reinterpret_cast<const sockaddr_in*>(src);
+    if (s != nullptr && s->sin_addr.s_addr != INADDR_ANY && s->sin_addr.s_addr != rt->settings().context.ip.address.be) {
+        errno = EADDRNOTAVAIL;
+        return -1;
+    }
     ibv_pd* pd = default_pd();
     Id* i = of_id(id);
     {
         Guard g(*rt);
+        if (i->cm || i->listener) {
+            errno = EINVAL;  // connected, connecting or listening: not an id to resolve
+            return -1;
+        }
+        // An id not bound yet is bound now, to the source's port or a free one (the kernel's cma_bind_addr): its
+        // connection leaves from that TCP port, which rdma_get_src_port shows from here on.
+        if (!i->bound) {
+            if (const int e = bind_port(i, s == nullptr || s->sin_addr.s_addr == INADDR_ANY, s != nullptr ? ntohs(s->sin_port) : 0);
+                e != 0) {
+                errno = e;
+                return -1;
+            }
+        }
         const auto* d = reinterpret_cast<const sockaddr_in*>(dst);
         i->dst.be = d->sin_addr.s_addr;
         i->dst_port = ntohs(d->sin_port);
@@ -583,7 +609,9 @@ int rdma_connect(rdma_cm_id* id, rdma_conn_param* param) {
         return -1;
     }
     try {
-        i->cm = rt->ctx().connect(i->dst, i->dst_port, *of(id->qp)->h, conn_param(*rt, param));
+        verbs::ConnParam cp = conn_param(*rt, param);
+        cp.local_port = i->src_port;  // bound by rdma_bind_addr or rdma_resolve_addr
+        i->cm = rt->ctx().connect(i->dst, i->dst_port, *of(id->qp)->h, cp);
     } catch (const std::exception& e) {
         log::warn("rdma_connect: {}", e.what());  // the program sees errno only
         errno = EINVAL;
