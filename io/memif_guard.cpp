@@ -314,9 +314,11 @@ bool retire_memif_listener(const std::string& socket, const std::string& port) n
         }
         // The listener's number is the driver's for good (nothing closes it), so it is the one replaced; our
         // duplicate goes after, which releases the file.
+        // The listener first (it accepts nothing more: the driver's accept finds the eventfd), then the
+        // connections it had accepted that no device took, found through our duplicate of it.
         for (const Found& f : unix_fds(socket, UnixRole::listener)) {
-            end_untaken_channels(f.dup);
             if (same_file(f.fd, f.dup)) ::dup3(never_readable, f.fd, O_CLOEXEC);
+            end_untaken_channels(f.dup);
             ::close(f.dup);
         }
         return true;
@@ -962,15 +964,27 @@ namespace {
 
 using RegisterFn = int (*)(const rte_intr_handle*, rte_intr_callback_fn, void*);
 
-// DPDK's rte_intr_callback_register, looked up in the library that defines rte_eal_init (never ours).
+// DPDK's rte_intr_callback_register: the next definition after ours in the lookup order, else the one in the
+// library that defines rte_eal_init (a non-PIE program's &rte_eal_init is its own PLT slot, which dladdr puts in
+// the program); never ours (that would recurse). Null, logged once, when neither is found.
+extern "C" int rte_intr_callback_register(const rte_intr_handle*, rte_intr_callback_fn, void*);
 RegisterFn eal_register() noexcept {
     static const RegisterFn fn = []() -> RegisterFn {
+        const auto ours = reinterpret_cast<void*>(&rte_intr_callback_register);
+        void* f = ::dlvsym(RTLD_NEXT, "rte_intr_callback_register", "DPDK_23");
+        if (f == nullptr) f = ::dlsym(RTLD_NEXT, "rte_intr_callback_register");
         Dl_info info{};
-        if (::dladdr(reinterpret_cast<void*>(&rte_eal_init), &info) == 0 || info.dli_fname == nullptr) return nullptr;
-        void* eal = ::dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD);
-        if (eal == nullptr) return nullptr;
-        void* f = ::dlvsym(eal, "rte_intr_callback_register", "DPDK_23");
-        if (f == nullptr) f = ::dlsym(eal, "rte_intr_callback_register");
+        if ((f == nullptr || f == ours) && ::dladdr(reinterpret_cast<void*>(&rte_eal_init), &info) != 0 &&
+            info.dli_fname != nullptr) {
+            if (void* eal = ::dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD); eal != nullptr) {
+                f = ::dlvsym(eal, "rte_intr_callback_register", "DPDK_23");
+                if (f == nullptr) f = ::dlsym(eal, "rte_intr_callback_register");
+            }
+        }
+        if (f == ours) f = nullptr;
+        if (f == nullptr)
+            log::error("DPDK's rte_intr_callback_register not found behind softrdma's: DPDK cannot register "
+                       "interrupt callbacks in this process");
         return reinterpret_cast<RegisterFn>(f);
     }();
     return fn;
@@ -999,9 +1013,12 @@ struct Trampoline {
     // end_untaken_channels. Sizing: the handshakes under way plus the links up on the socket.
     std::mutex lock;
     std::vector<Registration> live;
+    bool retired = false;  // its socket's last device closed: what it still greets is ended at once
 };
 std::mutex g_trampolines_lock;
-std::vector<Trampoline*> g_trampolines;  // every listener wrapped (never freed, as the trampolines)
+// Every listener wrapped. Never freed, as the trampolines (nor the list: still reachable after the static
+// destructors, for a Port closed from one and for a leak checker).
+std::vector<Trampoline*>& g_trampolines = *new std::vector<Trampoline*>;
 // Sizing: memif_listener_handler accepts one connection and registers one callback a call; the rest are ignored.
 constexpr unsigned kRegistrationsPerCall = 4;
 struct DuringListener {
@@ -1039,6 +1056,19 @@ int unregister(const Registration& r) noexcept {
     return rc;
 }
 
+// On the interrupt thread only, where the driver does all it does with connections no device took (so nothing
+// of the driver's runs between the check and the close, and no callback of a connection is running): ends a
+// connection the listener greeted, if it is still open. Its callback removed, then its socket shut down and
+// closed: its client sees the end, no message of its reaches the driver again. The driver's channel state (a
+// few hundred bytes of its heap) is left.
+bool end_channel(const Registration& r) noexcept {
+    if (!r.open() || unregister(r) <= 0) return false;  // ended by the driver already
+    ::shutdown(r.fd, SHUT_RDWR);
+    ::close(r.fd);  // its number no longer has a source: a file reusing it is nobody's business here
+    g_channels_ended.fetch_add(1, std::memory_order_relaxed);
+    return true;
+}
+
 void listener_trampoline(void* p) {
     auto* t = static_cast<Trampoline*>(p);
     DuringListener during;
@@ -1048,13 +1078,18 @@ void listener_trampoline(void* p) {
     for (unsigned i = 0; i < during.n; ++i) {
         const Registration& r = during.seen[i];
         if (r.open()) {  // greeted: a handshake under way
+            bool retired = false;
             try {
                 const std::lock_guard<std::mutex> g(t->lock);
-                std::erase_if(t->live, [](const Registration& l) { return !l.open(); });
-                t->live.push_back(r);
+                retired = t->retired;
+                if (!retired) {
+                    std::erase_if(t->live, [](const Registration& l) { return !l.open(); });
+                    t->live.push_back(r);
+                }
             } catch (const std::exception&) {
                 // (no memory: this connection stays the driver's alone, as without the trampoline)
             }
+            if (retired) end_channel(r);  // accepted while its socket's last device closed
             continue;
         }
         // Given up on: its number is closed (or already another file's).
@@ -1062,44 +1097,104 @@ void listener_trampoline(void* p) {
     }
 }
 
-}  // namespace
+// A job for DPDK's interrupt thread: a callback on an eventfd of ours, registered once and kept for the process's
+// life (its number never closes, so no rebuild meets it closed). One job at a time (the caller's lock).
+struct InterruptJob {
+    void (*fn)(void*) = nullptr;
+    void* arg = nullptr;
+    std::atomic<bool> done{false};
+};
+std::mutex g_job_lock;
+std::atomic<int> g_job_fd{-1};  // set once, under g_job_lock
+InterruptJob* g_job = nullptr;  // under g_job_lock to post; read by the interrupt thread after the eventfd's signal
 
-// The connections the listening socket `listener` (any descriptor of it) accepted that are still open, ended:
-// each one's callback removed (waiting while the interrupt thread runs it), then its socket shut down and
-// closed, so its client sees the end and no message of its can reach the driver again. The driver's channel
-// state (a few hundred bytes of its heap) is left. Only when no device on the socket can take a connection any
-// more: retire_memif_listener, for the socket's last device, after its disconnect (it is disabled: the driver
-// refuses INITs for it). A connection the driver ended meanwhile is left to it (its callback gone: rc <= 0).
-unsigned end_untaken_channels(int listener) noexcept {
-    struct stat st{};
-    if (::fstat(listener, &st) != 0) return 0;
-    std::vector<Registration> untaken;
+void run_job(void*) {
+    std::uint64_t v = 0;
+    [[maybe_unused]] const auto r = ::read(g_job_fd.load(std::memory_order_acquire), &v, sizeof v);
+    InterruptJob* j = __atomic_load_n(&g_job, __ATOMIC_ACQUIRE);
+    if (j == nullptr || j->done.load(std::memory_order_acquire)) return;
+    j->fn(j->arg);
+    j->done.store(true, std::memory_order_release);
+}
+
+// Runs fn(arg) on the interrupt thread and waits up to `limit` for it. False when it could not be posted, or did
+// not run in time: then `job` (the caller's) must stay valid, as it may still run (the callers' are static).
+bool on_interrupt_thread(InterruptJob& job, std::chrono::milliseconds limit) noexcept {
+    const std::lock_guard<std::mutex> g(g_job_lock);
+    if (g_job_fd.load(std::memory_order_relaxed) < 0) {
+        const int fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+        if (fd < 0) return false;
+        const int high = high_fd(fd);
+        rte_intr_handle* h = rte_intr_instance_alloc(RTE_INTR_INSTANCE_F_PRIVATE);
+        const RegisterFn eal = eal_register();
+        // (the handle is copied by the registration; ours goes)
+        const bool ok = h != nullptr && eal != nullptr && rte_intr_fd_set(h, high) == 0 &&
+                        rte_intr_type_set(h, RTE_INTR_HANDLE_EXT) == 0 && eal(h, run_job, nullptr) == 0;
+        if (h != nullptr) rte_intr_instance_free(h);
+        if (!ok) {
+            ::close(high);
+            return false;
+        }
+        g_job_fd.store(high, std::memory_order_release);
+    }
+    job.done.store(false, std::memory_order_relaxed);
+    __atomic_store_n(&g_job, &job, __ATOMIC_RELEASE);
+    const std::uint64_t one = 1;
+    if (::write(g_job_fd.load(std::memory_order_relaxed), &one, sizeof one) != static_cast<ssize_t>(sizeof one)) return false;
+    const auto deadline = std::chrono::steady_clock::now() + limit;
+    while (!job.done.load(std::memory_order_acquire)) {
+        if (std::chrono::steady_clock::now() >= deadline) return false;
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return true;
+}
+
+struct EndUntaken {
+    dev_t dev;
+    ino_t ino;
+};
+
+// On the interrupt thread: the listener's trampolines retired, the connections they greeted that are still open
+// ended (end_channel).
+void end_untaken_job(void* p) {
+    const auto* e = static_cast<const EndUntaken*>(p);
+    std::vector<Registration> live;
     try {
         const std::lock_guard<std::mutex> g(g_trampolines_lock);
         for (Trampoline* t : g_trampolines) {
-            if (t->dev != st.st_dev || t->ino != st.st_ino) continue;
+            if (t->dev != e->dev || t->ino != e->ino) continue;
             const std::lock_guard<std::mutex> tg(t->lock);
-            for (const Registration& r : t->live) untaken.push_back(r);
+            t->retired = true;
+            live.insert(live.end(), t->live.begin(), t->live.end());
             t->live.clear();
         }
     } catch (const std::exception&) {
+        return;  // (no memory: those connections stay the driver's)
+    }
+    for (const Registration& r : live) end_channel(r);
+}
+
+}  // namespace
+
+// The connections the listening socket `listener` (any descriptor of it) accepted that no device took, ended on
+// the interrupt thread (end_channel), and those its trampoline greets from now on as they come. Only when no
+// device on the socket can take a connection any more: retire_memif_listener, for the socket's last device,
+// after its disconnect (it is disabled: the driver refuses INITs for it) and after the listener was replaced.
+unsigned end_untaken_channels(int listener) noexcept {
+    struct stat st{};
+    if (::fstat(listener, &st) != 0) return 0;
+    static EndUntaken what{};  // static: a job that did not run in time may still run (on_interrupt_thread)
+    static InterruptJob job;
+    const std::uint64_t before = g_channels_ended.load(std::memory_order_relaxed);
+    what = EndUntaken{st.st_dev, st.st_ino};
+    job.fn = end_untaken_job;
+    job.arg = &what;
+    if (!on_interrupt_thread(job, std::chrono::seconds(1))) {
+        log::warn("memif: DPDK's interrupt thread did not take the job of ending the connections no device took "
+                  "within 1 s; they stay open");
         return 0;
     }
-    unsigned ended = 0;
-    for (const Registration& r : untaken) {
-        if (!r.open()) continue;  // ended by the driver
-        int rc = unregister(r);
-        for (unsigned i = 0; rc == -EAGAIN && i < 1000; ++i) {  // its callback is running: at most ~1 s
-            std::this_thread::sleep_for(std::chrono::milliseconds(1));
-            rc = unregister(r);
-        }
-        if (rc <= 0) continue;
-        ::shutdown(r.fd, SHUT_RDWR);
-        ::close(r.fd);  // its number no longer has a source: a file reusing it is nobody's business here
-        ++ended;
-    }
-    g_channels_ended.fetch_add(ended, std::memory_order_relaxed);
-    return ended;
+    return static_cast<unsigned>(g_channels_ended.load(std::memory_order_relaxed) - before);
 }
 
 unsigned memif_listeners_wrapped() noexcept { return g_listeners_wrapped.load(std::memory_order_relaxed); }
