@@ -486,6 +486,22 @@ def reused_port_mpa_frames(base):
     return {num for num, stream in candidates if stream in reused}
 
 
+def fin_crossed(frames):
+    """A stream whose RSTs all came from the peer after its own FIN, where everything we sent with payload had
+    left before that FIN: the peer closed (siw resets what reaches a closed socket) while bytes of ours were in
+    flight. Our end's close was still orderly; any RST of ours, or payload we sent after the peer's FIN, is not
+    this."""
+    ours = [f for f in frames if f[1] == OUR_IP]
+    peer = [f for f in frames if f[1] != OUR_IP]
+    if any(f[2] for f in ours):
+        return False
+    peer_fin = min((f[0] for f in peer if f[3]), default=None)
+    first_rst = min((f[0] for f in peer if f[2]), default=None)
+    if peer_fin is None or first_rst is None or first_rst < peer_fin:
+        return False
+    return max((f[0] for f in ours if f[4] > 0), default=0.0) < peer_fin
+
+
 def analyze(cases, lab, expect_crc=True):
     """The capture: per TCP stream, flags and RDMAP opcodes; malformed frames; CRCs."""
     # rpcordma, smb_direct: they claim iWARP payloads. ecatf: EtherCAT over TCP/UDP port 34980, which is in Linux's
@@ -501,23 +517,24 @@ def analyze(cases, lab, expect_crc=True):
         problems.append("malformed frames:\n" + malformed[:3000])
     fields = subprocess.run(base + ["-T", "fields", "-E", "separator=|", "-e", "tcp.stream", "-e", "frame.time_epoch",
                                     "-e", "tcp.flags.reset", "-e", "iwarp_rdma.opcode", "-e", "iwarp_mpa.rev",
-                                    "-Y", "tcp"],
+                                    "-e", "ip.src", "-e", "tcp.flags.fin", "-e", "tcp.len", "-Y", "tcp"],
                             capture_output=True, text=True).stdout
     streams = {}
     # tshark verifies the MPA CRC of every FPDU of a connection that negotiated it ("Good/Bad CRC32").
     crc_text = subprocess.run(base + ["-Y", "iwarp_mpa.crc_check", "-V"], capture_output=True, text=True).stdout
     crc_good, crc_bad = crc_text.count("(Good CRC32)"), crc_text.count("(Bad CRC32)")
     for line in fields.splitlines():
-        stream, t, rst, ops, rev = (line.split("|") + [""] * 5)[:5]
+        stream, t, rst, ops, rev, src, fin, length = (line.split("|") + [""] * 8)[:8]
         if not stream:
             continue
-        s = streams.setdefault(stream, {"t0": float(t), "rst": 0, "term": 0, "rdma": False})
+        s = streams.setdefault(stream, {"t0": float(t), "rst": 0, "term": 0, "rdma": False, "frames": []})
         s["rdma"] = s["rdma"] or bool(ops.strip())
         s["rst"] += rst in ("1", "True")
         s["term"] += sum(1 for o in ops.split(",") if o.strip() in ("7", "0x07", "0x7"))
+        s["frames"].append((float(t), src, rst in ("1", "True"), fin in ("1", "True"), int(length or 0)))
     if crc_bad or (expect_crc and crc_good == 0):  # the CRC cases put thousands of checked FPDUs on the wire
         problems.append("%d FPDUs with a bad CRC, %d good" % (crc_bad, crc_good))
-    unclean = []
+    unclean, crossed = [], []
     for sid, s in streams.items():
         case = next((w for w in cases.windows if w[1] <= s["t0"] <= w[2]), None)
         # Only connections that reached RDMA mode have an orderly close to check. One that never got there is a
@@ -525,10 +542,15 @@ def analyze(cases, lab, expect_crc=True):
         # on its way out (it serves one session), whose TCP stack resets the request it will not answer.
         if case is None or not case[3] or not s["rdma"]:
             continue
-        if s["rst"] or s["term"]:
+        if s["rst"] and not s["term"] and fin_crossed(s["frames"]):
+            crossed.append(sid)  # the peer's close met bytes of ours already on their way: not our disorder
+        elif s["rst"] or s["term"]:
             unclean.append("stream %s (%s): %d RST, %d TERMINATE" % (sid, case[0], s["rst"], s["term"]))
     if unclean:
         problems.append("orderly closes that were not:\n  " + "\n  ".join(unclean))
+    if crossed:
+        log("capture: the peer reset stream(s) %s after its own FIN, answering bytes of ours sent before that FIN "
+            "(a TCP crossing: e.g. a first-FPDU nudge still in flight when a fast server closed)" % ", ".join(crossed))
     detail = "%d TCP streams, %d FPDUs with a CRC checked (%d bad); %s" % (
         len(streams), crc_good + crc_bad, crc_bad, "; ".join(problems) if problems else "no malformed frame")
     cases.results.append(("capture: no malformed frame, CRCs good, orderly closes are FINs only", not problems, detail))
