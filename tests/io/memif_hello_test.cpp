@@ -31,6 +31,7 @@
 #include "io/eal.hpp"
 #include "io/memif_guard.hpp"
 #include "io/port.hpp"
+#include "tests/support/memif_frames.hpp"
 #include "tests/support/processes.hpp"
 
 using namespace softrdma;
@@ -55,20 +56,7 @@ void wait_phase(int at_least) {
     while (g_shared->phase.load() < at_least && Clock::now() < deadline) std::this_thread::sleep_for(1ms);
 }
 
-// Connects to the server socket's name (the driver binds it abstract) and leaves at once. True if connected.
-bool knock(const std::string& name) {
-    sockaddr_un a{};
-    a.sun_family = AF_UNIX;
-    const std::size_t n = std::min(name.size(), sizeof a.sun_path - 2);
-    std::memcpy(a.sun_path + 1, name.data(), n);  // sun_path[0] = 0: an abstract name
-    const int s = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-    if (s < 0) return false;
-    const bool ok = ::connect(s, reinterpret_cast<sockaddr*>(&a), static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + n)) == 0;
-    ::close(s);
-    return ok;
-}
-
-// Connects to the server socket's name and stays: the descriptor (-1 when refused).
+// Connects to the server socket's name (the driver binds it abstract) and stays: the descriptor (-1 when refused).
 int connect_to(const std::string& name) {
     sockaddr_un a{};
     a.sun_family = AF_UNIX;
@@ -80,6 +68,14 @@ int connect_to(const std::string& name) {
         return -1;
     }
     return s;
+}
+
+// Connects and leaves at once. True if connected.
+bool knock(const std::string& name) {
+    const int s = connect_to(name);
+    if (s < 0) return false;
+    ::close(s);
+    return true;
 }
 
 // What the next receive on `fd` brings within `wait`: bytes (> 0), 0 at the end of the connection, -1 on an
@@ -113,53 +109,6 @@ io::PortConfig port_config(const std::string& socket, bool server) {
     return cfg;
 }
 
-bool send(io::Port& port, std::uint32_t tag) {
-    rte_mbuf* m = port.alloc();
-    if (m == nullptr) return false;
-    char* p = rte_pktmbuf_append(m, 64);
-    if (p == nullptr) {
-        rte_pktmbuf_free(m);  // never handed on: ours
-        return false;
-    }
-    std::memset(p, 0, 64);
-    std::memcpy(p, &tag, sizeof tag);
-    const auto deadline = Clock::now() + kWait;
-    while (port.tx_burst({&m, 1}) == 0) {  // sent: the driver's
-        if (Clock::now() >= deadline) {
-            rte_pktmbuf_free(m);  // never taken: still ours
-            return false;
-        }
-        std::this_thread::sleep_for(100us);
-    }
-    return true;
-}
-
-// The tag of the next frame, or 0 when none came within kWait.
-std::uint32_t receive(io::Port& port) {
-    const auto deadline = Clock::now() + kWait;
-    rte_mbuf* burst[8];
-    while (Clock::now() < deadline) {
-        const unsigned n = port.rx_burst(burst);
-        std::uint32_t tag = 0;
-        for (unsigned i = 0; i < n; ++i) {
-            if (tag == 0 && rte_pktmbuf_pkt_len(burst[i]) >= sizeof tag)
-                std::memcpy(&tag, rte_pktmbuf_mtod(burst[i], const void*), sizeof tag);
-            rte_pktmbuf_free(burst[i]);  // ours since rx_burst
-        }
-        if (tag != 0) return tag;
-        std::this_thread::sleep_for(100us);
-    }
-    return 0;
-}
-
-bool wait_up(io::Port& port) {
-    const auto deadline = Clock::now() + kWait;
-    while (!port.link_up())
-        if (Clock::now() >= deadline) return false;
-        else std::this_thread::sleep_for(1ms);
-    return true;
-}
-
 int server(const std::string& socket) {
     io::EalConfig eal;
     eal.lcores = "0";
@@ -170,15 +119,15 @@ int server(const std::string& socket) {
     std::this_thread::sleep_for(200ms);  // the interrupt thread takes the rest of the backlog
     g_shared->phase.store(1);
     std::string err;
-    if (!wait_up(*port)) err += " the client never came;";
-    if (err.empty() && (receive(*port) != 101 || !send(*port, 201))) err += " no first exchange;";
+    if (!wait_link_up(*port, kWait)) err += " the client never came;";
+    if (err.empty() && (receive_tag(*port, kWait) != 101 || !send_tag(*port, 201, kWait))) err += " no first exchange;";
     wait_phase(2);
     const unsigned second = err.empty() ? volley(socket) : 0;
     std::this_thread::sleep_for(200ms);
     const bool still_up = port->link_up();
     g_shared->phase.store(3);
-    if (err.empty() && (receive(*port) != 102 || !send(*port, 202))) err += " no second exchange;";
-    if (err.empty() && receive(*port) != 103) err += " no acknowledgement;";  // only then may the link go
+    if (err.empty() && (receive_tag(*port, kWait) != 102 || !send_tag(*port, 202, kWait))) err += " no second exchange;";
+    if (err.empty() && receive_tag(*port, kWait) != 103) err += " no acknowledgement;";  // only then may the link go
     const bool clean = port->close() == io::Port::CloseResult::clean;
     report("server: knocks=" + std::to_string(first) + "+" + std::to_string(second) +
            " wrapped=" + std::to_string(io::detail::memif_listeners_wrapped()) +
@@ -193,10 +142,10 @@ int client(const std::string& socket) {
     eal.lcores = "1";
     auto port = io::open_port(port_config(socket, false), eal);
     std::string err;
-    if (!send(*port, 101) || receive(*port) != 201) err += " no first answer;";
+    if (!send_tag(*port, 101, kWait) || receive_tag(*port, kWait) != 201) err += " no first answer;";
     g_shared->phase.store(2);
     wait_phase(3);
-    if (err.empty() && (!send(*port, 102) || receive(*port) != 202 || !send(*port, 103))) err += " no second answer;";
+    if (err.empty() && (!send_tag(*port, 102, kWait) || receive_tag(*port, kWait) != 202 || !send_tag(*port, 103, kWait))) err += " no second answer;";
     const auto gone = Clock::now() + kWait;  // the server closes
     while (port->link_losses() == 0 && Clock::now() < gone) std::this_thread::sleep_for(1ms);
     const bool clean = port->close() == io::Port::CloseResult::clean;

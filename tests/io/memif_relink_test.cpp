@@ -29,6 +29,7 @@
 
 #include "io/eal.hpp"
 #include "io/port.hpp"
+#include "tests/support/memif_frames.hpp"
 #include "tests/support/processes.hpp"
 
 using namespace softrdma;
@@ -62,59 +63,6 @@ io::PortConfig port_config(const std::string& socket, bool server, bool reconnec
     return cfg;
 }
 
-rte_mbuf* frame(io::Port& port, std::uint32_t tag) {
-    rte_mbuf* m = port.alloc();
-    if (m == nullptr) return nullptr;
-    char* p = rte_pktmbuf_append(m, 64);
-    if (p == nullptr) {
-        rte_pktmbuf_free(m);  // never handed on: ours
-        return nullptr;
-    }
-    std::memset(p, 0, 64);
-    std::memcpy(p, &tag, sizeof tag);
-    return m;
-}
-
-// Waits for one frame; its tag, or 0 when none came within kWait. Frees it.
-std::uint32_t receive(io::Port& port) {
-    const auto deadline = Clock::now() + kWait;
-    rte_mbuf* burst[8];
-    while (Clock::now() < deadline) {
-        const unsigned n = port.rx_burst(burst);
-        std::uint32_t tag = 0;
-        for (unsigned i = 0; i < n; ++i) {
-            if (tag == 0 && rte_pktmbuf_pkt_len(burst[i]) >= sizeof tag)
-                std::memcpy(&tag, rte_pktmbuf_mtod(burst[i], const void*), sizeof tag);
-            rte_pktmbuf_free(burst[i]);  // ours since rx_burst
-        }
-        if (tag != 0) return tag;
-        std::this_thread::sleep_for(100us);
-    }
-    return 0;
-}
-
-bool send(io::Port& port, std::uint32_t tag) {
-    rte_mbuf* m = frame(port, tag);
-    if (m == nullptr) return false;
-    const auto deadline = Clock::now() + kWait;
-    while (port.tx_burst({&m, 1}) == 0) {  // sent: the driver's
-        if (Clock::now() >= deadline) {
-            rte_pktmbuf_free(m);  // never taken: still ours
-            return false;
-        }
-        std::this_thread::sleep_for(100us);
-    }
-    return true;
-}
-
-bool wait_up(io::Port& port) {
-    const auto deadline = Clock::now() + kWait;
-    while (!port.link_up())
-        if (Clock::now() >= deadline) return false;
-        else std::this_thread::sleep_for(1ms);
-    return true;
-}
-
 std::chrono::microseconds cpu_time() {
     rusage r{};
     ::getrusage(RUSAGE_SELF, &r);  // every thread of the process
@@ -141,12 +89,12 @@ std::string serve_round(const std::string& socket, unsigned round, bool zero_cop
         const bool clean = port->close() == io::Port::CloseResult::clean;
         return !came && clean ? "lonely" : " the client came back, or close() not clean;";
     }
-    if (!wait_up(*port)) err += " the client never came;";
-    const std::uint32_t got = err.empty() ? receive(*port) : 0;
+    if (!wait_link_up(*port, kWait)) err += " the client never came;";
+    const std::uint32_t got = err.empty() ? receive_tag(*port, kWait) : 0;
     if (err.empty() && got != 100 + round) err += " got frame " + std::to_string(got) + ";";
-    if (err.empty() && !send(*port, 200 + round)) err += " could not answer;";
+    if (err.empty() && !send_tag(*port, 200 + round, kWait)) err += " could not answer;";
     // The client acknowledges the answer: only then may the link go (a frame still in the ring would be lost).
-    if (err.empty() && receive(*port) != 300 + round) err += " no acknowledgement;";
+    if (err.empty() && receive_tag(*port, kWait) != 300 + round) err += " no acknowledgement;";
     if (port->close() != io::Port::CloseResult::clean) err += " close() not clean;";
     port.reset();
     const auto before = cpu_time();
@@ -219,11 +167,11 @@ int client(const std::string& socket, bool reconnect, bool zero_copy) {
     const unsigned start_in_use = port->mbufs_in_use();
     unsigned answered = 0;
     for (unsigned round = 0; round < (reconnect ? kRounds : 1u); ++round) {
-        if (!wait_up(*port)) {
+        if (!wait_link_up(*port, kWait)) {
             report("round " + std::to_string(round) + ": link never came up");
             break;
         }
-        if (!send(*port, 100 + round) || receive(*port) != 200 + round || !send(*port, 300 + round)) {
+        if (!send_tag(*port, 100 + round, kWait) || receive_tag(*port, kWait) != 200 + round || !send_tag(*port, 300 + round, kWait)) {
             report("round " + std::to_string(round) + ": no answer");
             break;
         }
