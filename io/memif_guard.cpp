@@ -103,6 +103,11 @@ bool MemifGuard::attach(std::uint16_t port_id, const std::string& name, const Me
         return false;
     }
     pmd_ = p;
+    // The TX queue as memif_tx_queue_setup left it (this port's, server-to-client for a server), for
+    // free_tx_interrupt.
+    if (auto* q = static_cast<MemifQueue*>(data->tx_queues[0]);
+        q->in_port == port_id && q->type == (expect.server ? 1 : 0) && q->intr_handle != nullptr)
+        tx_queue_ = q;
     if (expect.zero_copy) {
         // The queues must be the ones we set up: a zero-copy client's two (the driver's queue setup writes
         // type, port and the RX pool), of this port, filled from our RX pool. Otherwise the lent mbufs stay
@@ -155,6 +160,20 @@ void MemifGuard::release_lent_arrays() noexcept {
     }
 }
 
+bool MemifGuard::refusing() const noexcept {
+    return (__atomic_load_n(&pmd(pmd_)->flags, __ATOMIC_ACQUIRE) & kFlagDisabled) != 0;
+}
+
+void MemifGuard::free_tx_interrupt() noexcept {
+    auto* q = static_cast<MemifQueue*>(tx_queue_);
+    if (q == nullptr || q->intr_handle == nullptr) return;
+    // Ownership: the driver's instance (memif_tx_queue_setup), which nothing frees; ours to free once the port
+    // stopped (memif_disconnect, the last reader of it, closed its eventfd) and before the queue goes.
+    rte_intr_instance_free(q->intr_handle);
+    q->intr_handle = nullptr;
+    tx_queue_ = nullptr;
+}
+
 bool MemifGuard::try_hold() noexcept {
     if (!held_ && rte_spinlock_trylock(&pmd(pmd_)->cc_lock) != 0) held_ = true;
     return held_;
@@ -173,7 +192,7 @@ bool MemifGuard::shut_channel() noexcept {
     __atomic_fetch_or(&p->flags, kFlagDisabled, __ATOMIC_SEQ_CST);
     // Under cc_lock the channel cannot be freed: memif_disconnect clears pmd->cc and frees the channel
     // (or schedules its freeing) only while holding the lock.
-    MemifChannelHead* cc = __atomic_load_n(&p->cc, __ATOMIC_ACQUIRE);
+    MemifChannel* cc = __atomic_load_n(&p->cc, __ATOMIC_ACQUIRE);
     if (cc == nullptr) return false;
     const int fd = rte_intr_fd_get(cc->intr_handle);
     if (fd >= 0) ::shutdown(fd, SHUT_RDWR);  // end of file for both ends' interrupt threads
@@ -213,13 +232,14 @@ std::string MemifGuard::describe() const {
 // they would follow when the client's INIT message comes: they are ended first (end_untaken_channels, below).
 //
 // So before the last device on a server socket stops (port.cpp, Port::close), every listener of this process
-// bound to the name gets a never-readable eventfd dup3()'d under its number: the listener is closed (the name
-// free, its backlog reset) and the number stays taken for the process's life, since the interrupt thread's list
-// keeps the stale source by number and re-adds it to every epoll set it builds (an empty number there would make
-// a rebuild panic, a reused one would run the stale callback on someone else's file); one descriptor per server
-// socket closed, which the driver leaked anyway. Not done (tried, and dropped after a clean-clone run under TSan
-// panicked, before the stale sources of channels whose HELLO could not be sent were removed: see "Connections
-// the listener gave up on" below): making the interrupt thread rebuild its epoll set before the close.
+// bound to the name gets a never-readable eventfd dup3()'d under its number: the listener is closed at once (the
+// name free, its backlog reset) while the number stays taken, since the interrupt thread's list keeps the
+// listener's source by number and re-adds it to every epoll set it builds (an empty number there would make a
+// rebuild panic, a reused one would run the stale callback on someone else's file). Then a job on the interrupt
+// thread itself (end_untaken_channels, below; no callback of the listener can be running there) removes the
+// listener's source, which this process registered behind a trampoline, and closes the number: nothing of the
+// listener is left. If that job cannot run (the interrupt thread stuck for a second), the number stays taken
+// by the eventfd for the process's life, as the driver leaked its listener.
 namespace softrdma::io::detail {
 namespace {
 
@@ -312,13 +332,13 @@ bool retire_memif_listener(const std::string& socket, const std::string& port) n
             log::error("{}: no eventfd ({}): memif socket {}'s listener left to the driver", port, std::strerror(errno), socket);
             return false;
         }
-        // The listener's number is the driver's for good (nothing closes it), so it is the one replaced; our
-        // duplicate goes after, which releases the file.
-        // The listener first (it accepts nothing more: the driver's accept finds the eventfd), then the
-        // connections it had accepted that no device took, found through our duplicate of it.
+        // The listener's number is the driver's (nothing of the driver's closes it), so it is the one replaced;
+        // our duplicate goes after, which releases the file. The listener first (it accepts nothing more: the
+        // driver's accept finds the eventfd), then, on the interrupt thread, the connections it had accepted that
+        // no device took (found through our duplicate of it) and the listener's source and number.
         for (const Found& f : unix_fds(socket, UnixRole::listener)) {
             if (same_file(f.fd, f.dup)) ::dup3(never_readable, f.fd, O_CLOEXEC);
-            end_untaken_channels(f.dup);
+            end_untaken_channels(f.dup, never_readable);
             ::close(f.dup);
         }
         return true;
@@ -1006,6 +1026,7 @@ struct Registration {
 struct Trampoline {
     rte_intr_callback_fn fn;  // the driver's listener callback
     void* arg;                // and its argument (the driver's socket)
+    int fd;                   // the listening socket's number (the driver's: only the retirement closes it)
     dev_t dev;                // the listening socket
     ino_t ino;
     // The connections this listener accepted and greeted, while they last (pruned at each accept; a device's
@@ -1030,6 +1051,8 @@ thread_local DuringListener* t_listener_call = nullptr;  // set on the interrupt
 std::atomic<unsigned> g_listeners_wrapped{0};
 std::atomic<std::uint64_t> g_channels_dropped{0};
 std::atomic<std::uint64_t> g_channels_ended{0};
+std::atomic<std::uint64_t> g_channels_freed{0};
+std::atomic<std::uint64_t> g_listeners_closed{0};
 
 bool from_memif_driver(rte_intr_callback_fn fn) noexcept {
     Dl_info info{};
@@ -1056,13 +1079,29 @@ int unregister(const Registration& r) noexcept {
     return rc;
 }
 
+// The driver's state of a connection no device took (its struct memif_control_channel, the callback's
+// argument), freed as its own error paths free it: the interrupt instance, then the channel. Only when it still
+// reads as such a channel (no device, no message queued, this socket's number in its instance); else left.
+// Ownership: the driver's until its callback was removed (the caller), then nobody's but ours here.
+void free_untaken_channel(const Registration& r) noexcept {
+    if (!kKnownDpdk || r.arg == nullptr) return;
+    auto* cc = static_cast<MemifChannel*>(r.arg);
+    if (cc->dev != nullptr || cc->msg_queue_first != nullptr || cc->intr_handle == nullptr ||
+        rte_intr_fd_get(cc->intr_handle) != r.fd)
+        return;
+    rte_intr_instance_free(cc->intr_handle);
+    rte_free(cc);
+    g_channels_freed.fetch_add(1, std::memory_order_relaxed);
+}
+
 // On the interrupt thread only, where the driver does all it does with connections no device took (so nothing
 // of the driver's runs between the check and the close, and no callback of a connection is running): ends a
 // connection the listener greeted, if it is still open. Its callback removed, then its socket shut down and
-// closed: its client sees the end, no message of its reaches the driver again. The driver's channel state (a
-// few hundred bytes of its heap) is left.
+// closed (its client sees the end, no message of its reaches the driver again), and the driver's state of it
+// freed.
 bool end_channel(const Registration& r) noexcept {
     if (!r.open() || unregister(r) <= 0) return false;  // ended by the driver already
+    free_untaken_channel(r);
     ::shutdown(r.fd, SHUT_RDWR);
     ::close(r.fd);  // its number no longer has a source: a file reusing it is nobody's business here
     g_channels_ended.fetch_add(1, std::memory_order_relaxed);
@@ -1150,28 +1189,38 @@ bool on_interrupt_thread(InterruptJob& job, std::chrono::milliseconds limit) noe
 }
 
 struct EndUntaken {
-    dev_t dev;
+    dev_t dev;          // the listening socket
     ino_t ino;
+    int replacement;    // what its number holds once replaced (retire_memif_listener), or -1
 };
 
 // On the interrupt thread: the listener's trampolines retired, the connections they greeted that are still open
-// ended (end_channel).
+// ended (end_channel), then the listener's own source removed and its number closed, if the number still holds
+// the listener or its replacement (the driver never closes it; nothing else may be closed here).
 void end_untaken_job(void* p) {
     const auto* e = static_cast<const EndUntaken*>(p);
     std::vector<Registration> live;
+    std::vector<Registration> listeners;
     try {
         const std::lock_guard<std::mutex> g(g_trampolines_lock);
         for (Trampoline* t : g_trampolines) {
             if (t->dev != e->dev || t->ino != e->ino) continue;
             const std::lock_guard<std::mutex> tg(t->lock);
+            if (!t->retired) listeners.push_back(Registration{t->fd, listener_trampoline, t, t->dev, t->ino});
             t->retired = true;
             live.insert(live.end(), t->live.begin(), t->live.end());
             t->live.clear();
         }
     } catch (const std::exception&) {
-        return;  // (no memory: those connections stay the driver's)
+        return;  // (no memory: those connections stay the driver's, the listener's number the eventfd's)
     }
     for (const Registration& r : live) end_channel(r);
+    for (const Registration& r : listeners) {
+        if (!r.open() && (e->replacement < 0 || !same_file(r.fd, e->replacement))) continue;
+        if (unregister(r) <= 0) continue;  // no source of ours on it: the number stays as it is
+        ::close(r.fd);                     // no source left under it: the next rebuild does not look for it
+        g_listeners_closed.fetch_add(1, std::memory_order_relaxed);
+    }
 }
 
 }  // namespace
@@ -1180,13 +1229,13 @@ void end_untaken_job(void* p) {
 // the interrupt thread (end_channel), and those its trampoline greets from now on as they come. Only when no
 // device on the socket can take a connection any more: retire_memif_listener, for the socket's last device,
 // after its disconnect (it is disabled: the driver refuses INITs for it) and after the listener was replaced.
-unsigned end_untaken_channels(int listener) noexcept {
+unsigned end_untaken_channels(int listener, int replacement) noexcept {
     struct stat st{};
     if (::fstat(listener, &st) != 0) return 0;
     static EndUntaken what{};  // static: a job that did not run in time may still run (on_interrupt_thread)
     static InterruptJob job;
     const std::uint64_t before = g_channels_ended.load(std::memory_order_relaxed);
-    what = EndUntaken{st.st_dev, st.st_ino};
+    what = EndUntaken{st.st_dev, st.st_ino, replacement};
     job.fn = end_untaken_job;
     job.arg = &what;
     if (!on_interrupt_thread(job, std::chrono::seconds(1))) {
@@ -1200,6 +1249,8 @@ unsigned end_untaken_channels(int listener) noexcept {
 unsigned memif_listeners_wrapped() noexcept { return g_listeners_wrapped.load(std::memory_order_relaxed); }
 std::uint64_t memif_channels_ended() noexcept { return g_channels_ended.load(std::memory_order_relaxed); }
 std::uint64_t memif_channels_dropped() noexcept { return g_channels_dropped.load(std::memory_order_relaxed); }
+std::uint64_t memif_channels_freed() noexcept { return g_channels_freed.load(std::memory_order_relaxed); }
+std::uint64_t memif_listeners_closed() noexcept { return g_listeners_closed.load(std::memory_order_relaxed); }
 
 }  // namespace softrdma::io::detail
 
@@ -1219,7 +1270,7 @@ extern "C" __attribute__((visibility("default"))) int rte_intr_callback_register
     }
     if (fd >= 0 && from_memif_driver(fn) && listening_socket(fd)) {
         struct stat st{};
-        auto* t = ::fstat(fd, &st) == 0 ? new (std::nothrow) Trampoline{fn, arg, st.st_dev, st.st_ino, {}, {}} : nullptr;
+        auto* t = ::fstat(fd, &st) == 0 ? new (std::nothrow) Trampoline{fn, arg, fd, st.st_dev, st.st_ino, {}, {}} : nullptr;
         if (t != nullptr) {  // never freed: see above
             try {
                 const std::lock_guard<std::mutex> g(g_trampolines_lock);

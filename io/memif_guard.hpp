@@ -33,9 +33,13 @@ unsigned memif_listeners_wrapped() noexcept;
 std::uint64_t memif_channels_dropped() noexcept;
 // Connections a server socket's listener accepted that no device took, ended when the socket's last device
 // closed (retire_memif_listener): their client sees the end; an INIT of theirs after the driver freed the socket
-// would have had the interrupt thread follow the freed socket. Counted so far in this process.
-unsigned end_untaken_channels(int listener) noexcept;
+// would have had the interrupt thread follow the freed socket. Then the listener's own interrupt source goes and
+// its number (`listener`'s, holding the listener or `replacement`) is closed. Counted so far in this process:
+// connections ended, the driver's state of those freed, listeners closed.
+unsigned end_untaken_channels(int listener, int replacement) noexcept;
 std::uint64_t memif_channels_ended() noexcept;
+std::uint64_t memif_channels_freed() noexcept;
+std::uint64_t memif_listeners_closed() noexcept;
 
 // Whether two descriptors name the same open file (device and inode); false if either is not open.
 bool same_file(int a, int b) noexcept;
@@ -89,9 +93,17 @@ public:
     // Zero-copy client, closing or about to connect again (PortConfig::memif_reconnect), once settled(): frees
     // the driver's arrays of lent mbufs, which it allocates per connection and never frees.
     void release_lent_arrays() noexcept;
+    // Whether the device still refuses connections: shut_channel() set that bit, but the driver's disconnect
+    // rewrites the same word without atomics on the interrupt thread, so it can be lost (Port::close checks).
+    bool refusing() const noexcept;
+    // After the port stopped, right before rte_eth_dev_close: frees the TX queue's interrupt instance, which
+    // DPDK 22.11's memif_tx_queue_release leaves behind (its RX twin frees its own): ~27 KiB of DPDK's heap
+    // per port closed. Nothing when attach() did not find the queue.
+    void free_tx_interrupt() noexcept;
 
 private:
     void* pmd_ = nullptr;  // the driver's struct pmd_internals (see memif_guard.cpp)
+    void* tx_queue_ = nullptr;  // the driver's struct memif_queue for TX (any role)
     const void* dev_ = nullptr;  // zero-copy client: its struct rte_eth_dev, and its queues (struct memif_queue)
     void* txq_ = nullptr;
     void* rxq_ = nullptr;

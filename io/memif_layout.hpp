@@ -37,9 +37,13 @@ struct EthDevDataHead {
     rte_eth_dev_sriov sriov;
     void* dev_private;
 };
-// Leading field of memif's struct memif_control_channel (drivers/net/memif/memif_socket.h).
-struct MemifChannelHead {
+// memif's struct memif_control_channel (drivers/net/memif/memif_socket.h).
+struct MemifChannel {
     rte_intr_handle* intr_handle;
+    void* msg_queue_first;    // TAILQ_HEAD(, memif_msg_queue_elt) msg_queue: its first element (null: empty)
+    void** msg_queue_last;
+    void* socket;             // struct memif_socket
+    void* dev;                // struct rte_eth_dev: the device that took the connection (null until an INIT)
 };
 // Leading fields of memif's struct pmd_internals (drivers/net/memif/rte_eth_memif.h).
 struct MemifRunParams {
@@ -54,7 +58,7 @@ struct MemifPmdHead {
     std::uint32_t flags;
     char* socket_filename;
     char secret[24];
-    MemifChannelHead* cc;
+    MemifChannel* cc;
     rte_spinlock_t cc_lock;
     char remote_name[RTE_DEV_NAME_MAX_LEN];
     char remote_if_name[RTE_DEV_NAME_MAX_LEN];

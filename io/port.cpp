@@ -473,14 +473,33 @@ Port::CloseResult Port::finish_memif_link() noexcept {
     guard_.shut_channel();
     guard_.release();
     deadline = std::chrono::steady_clock::now() + kDisconnectTimeout;
-    while (!guard_.settled()) {
-        if (std::chrono::steady_clock::now() >= deadline) {
-            log::error("{}: memif's disconnect did not finish in {} ms ({}, link {}, {}); left to "
-                          "process exit", name_, kDisconnectTimeout.count(), guard_.describe(),
-                          link_up() ? "up" : "down", interrupt_thread_state());
-            return CloseResult::left_to_exit;
+    // Settled, and still refusing connections: the driver's disconnect clears its link flags with plain
+    // read-modify-writes of the word shut_channel() set the refusing bit in, on the interrupt thread, so that bit
+    // can be lost, and then a client's INIT be taken by this closing device. Once settled nothing of the driver's
+    // writes the word again unless a connection comes, which the bit refuses: set it again (and shut whatever
+    // connected meanwhile) until both hold.
+    for (;;) {
+        while (!guard_.settled()) {
+            if (std::chrono::steady_clock::now() >= deadline) {
+                log::error("{}: memif's disconnect did not finish in {} ms ({}, link {}, {}); left to "
+                              "process exit", name_, kDisconnectTimeout.count(), guard_.describe(),
+                              link_up() ? "up" : "down", interrupt_thread_state());
+                return CloseResult::left_to_exit;
+            }
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
         }
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        if (guard_.refusing()) break;
+        refusals_restored_.fetch_add(1, std::memory_order_relaxed);
+        while (!guard_.try_hold()) {
+            if (std::chrono::steady_clock::now() >= deadline) {
+                log::error("{}: memif's control channel stayed locked ({}); left to process exit", name_,
+                              guard_.describe());
+                return CloseResult::left_to_exit;
+            }
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+        guard_.shut_channel();
+        guard_.release();
     }
     if (memif_zero_copy_) {
         guard_.release_lent_arrays();  // the driver is done with the connection
@@ -521,8 +540,13 @@ Port::CloseResult Port::close() noexcept {
                 return close_result_;
             }
         }
-        if (rte_eth_dev_stop(port_id_) != 0 || rte_eth_dev_close(port_id_) != 0) {
-            log::error("{}: DPDK refused to stop or close the port", name_);
+        if (rte_eth_dev_stop(port_id_) != 0) {
+            log::error("{}: DPDK refused to stop the port", name_);
+            return close_result_;
+        }
+        if (guard_.attached()) guard_.free_tx_interrupt();  // (DPDK 22.11's memif leaves it)
+        if (rte_eth_dev_close(port_id_) != 0) {
+            log::error("{}: DPDK refused to close the port", name_);
             return close_result_;
         }
         if (vdev_ && !device_name_.empty()) rte_eal_hotplug_remove("vdev", device_name_.c_str());

@@ -137,6 +137,9 @@ public:
     unsigned link_losses() const noexcept { return link_losses_.load(std::memory_order_relaxed); }
     // memif client: attempts to connect again after the server left (Port::watch_link).
     unsigned relinks() const noexcept { return relinks_.load(std::memory_order_relaxed); }
+    // memif, closing: times the device's refusal of new connections was found lost to the driver's own writes
+    // of its flags and set again (close(), finish_memif_link).
+    unsigned refusals_restored() const noexcept { return refusals_restored_.load(std::memory_order_relaxed); }
 
     // Borrowed receive (PortConfig::memif_borrow_rx; io::detail::MemifServerPath): on or not, whether frame `m`
     // has a borrowed segment, and unborrow(): a copy of it in an mbuf of the RX pool, `m` freed (its ring slot
@@ -307,6 +310,7 @@ private:
     alignas(64) std::atomic<bool> tx_busy_{false};
     alignas(64) std::atomic<unsigned> link_losses_{0};
     std::atomic<unsigned> relinks_{0};
+    std::atomic<unsigned> refusals_restored_{0};
     // memif only: the driver's control-channel lock, held while the gate may be open (memif_guard.hpp), and
     // the control thread that watches the link. Control side only.
     detail::MemifGuard guard_;
