@@ -160,6 +160,12 @@ DeviceArgs device_args(const PortConfig& cfg, bool zero_copy) {
     case Backend::device: {
         if (cfg.device.empty())
             throw Error("device backend needs a PCI address or vdev string (PortConfig::device)");
+        // A memif device needs what only the memif backend does around DPDK 22.11's driver (the teardown guard,
+        // the listener's retirement, its socket's devices counted: memif_guard.cpp): not a raw vdev string.
+        if (cfg.device.rfind("net_memif", 0) == 0)
+            throw Error("'" + cfg.device + "': memif is opened with the memif backend (PortConfig::memif_socket, "
+                        "memif_server, memif_id; rdma_perf and the drop-in: --memif-socket / SOFTRDMA_MEMIF_SOCKET), "
+                        "not as a device string");
         const bool pci = cfg.device.find(':') != std::string::npos && cfg.device.find(',') == std::string::npos &&
                          cfg.device.rfind("net_", 0) != 0;
         return {cfg.device, cfg.device.substr(0, cfg.device.find(',')), pci};

@@ -162,6 +162,12 @@ TEST_CASE("bad io configurations fail with one clear error", "[io][errors]") {
         cfg.device = "net_nosuchdriver0";
         check_failed_with(expect_open_failure(cfg), "net_nosuchdriver0");
     }
+    SECTION("a memif vdev string as a device (memif needs the memif backend's care)") {
+        io::PortConfig cfg;
+        cfg.backend = Backend::device;
+        cfg.device = "net_memif7,role=server,socket=/run/softrdma-raw.sock";
+        check_failed_with(expect_open_failure(cfg), "memif is opened with the memif backend");
+    }
     SECTION("af_packet on an interface that does not exist") {
         io::PortConfig cfg;
         cfg.backend = Backend::af_packet;
