@@ -1110,6 +1110,10 @@ bool end_channel(const Registration& r) noexcept {
 
 void listener_trampoline(void* p) {
     auto* t = static_cast<Trampoline*>(p);
+    // An event the interrupt thread took for the listener before its retirement replaced it (same epoll batch):
+    // the driver's accept would fail on the replacement (logged as an error), or, once the last device closed,
+    // use the socket the driver freed. Only the listener itself is passed on.
+    if (struct stat st{}; ::fstat(t->fd, &st) != 0 || st.st_dev != t->dev || st.st_ino != t->ino) return;
     DuringListener during;
     t_listener_call = &during;
     t->fn(t->arg);

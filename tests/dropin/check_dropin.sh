@@ -167,6 +167,14 @@ out=$(SOFTRDMA_LINK_TIMEOUT_MS=1000 timeout 30 "$run" --memif "$work/nobody.sock
 if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$(echo "$out" | grep -c 'softrdma: cannot open device softrdma0')" -eq 1 ] &&
    echo "$out" | grep -q 'is the server process running on socket'; then pass "peer absent: exit $rc, one message naming the cause"
 else fail "peer absent: exit $rc: $out"; fi
+# Numbers out of range are refused by name, not wrapped (MTU 100000 ran as 34464, max_qp -1 as 2^64-1).
+for bad in "SOFTRDMA_MTU=100000|mtu: must be 576 .. 65535, not 100000" "SOFTRDMA_MAX_QP=-1|max_qp: not a number: -1" \
+           "SOFTRDMA_MAX_QP=0|max_qp: must be 1 .. 65535, not 0"; do
+  out=$(env "${bad%%|*}" timeout 30 "$run" --memif "$work/range.sock" --memif-role server --ip 198.18.0.1 --no-huge \
+        ibv_devinfo 2>&1); rc=$?
+  if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$(echo "$out" | grep -c "softrdma: ${bad#*|}")" -eq 1 ]; then pass "${bad%%|*}: refused, named"
+  else fail "${bad%%|*}: exit $rc: $out"; fi
+done
 out=$(LD_PRELOAD="${SOFTRDMA_PRELOAD:-}" LD_LIBRARY_PATH="$(dirname "$run")" ibv_devinfo 2>&1); rc=$?
 if [ $rc -ne 0 ] && [ "$(echo "$out" | grep -c 'softrdma: not configured')" -eq 1 ]; then pass "library without configuration: no device, one message"
 else fail "library without configuration: exit $rc: $out"; fi

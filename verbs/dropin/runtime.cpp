@@ -8,6 +8,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -68,15 +69,24 @@ std::map<std::string, std::string> gather() {
     return kv;
 }
 
-unsigned long number(const std::map<std::string, std::string>& kv, const std::string& k, unsigned long dflt) {
+// KEY's value, a decimal number in [lo, hi] (the default when unset). strtoul alone would take "-1" (as its
+// wrap-around) and the callers' narrowing would then wrap again: a value out of range is refused, naming both.
+unsigned long number(const std::map<std::string, std::string>& kv, const std::string& k, unsigned long dflt,
+                     unsigned long lo, unsigned long hi) {
     const auto it = kv.find(k);
     if (it == kv.end()) return dflt;
+    const std::string& text = it->second;
     char* end = nullptr;
     errno = 0;
-    const unsigned long v = std::strtoul(it->second.c_str(), &end, 10);
-    if (errno != 0 || end == it->second.c_str() || *end != '\0') throw std::runtime_error(k + ": not a number: " + it->second);
+    const unsigned long v = std::strtoul(text.c_str(), &end, 10);
+    if (text.empty() || !std::isdigit(static_cast<unsigned char>(text[0])) || errno != 0 || *end != '\0')
+        throw std::runtime_error(k + ": not a number: " + text);
+    if (v < lo || v > hi)
+        throw std::runtime_error(k + ": must be " + std::to_string(lo) + " .. " + std::to_string(hi) + ", not " + text);
     return v;
 }
+
+constexpr unsigned long kDayMs = 24ul * 3600 * 1000;  // the longest time a key takes, in ms
 
 MacAddress parse_mac(const std::string& s) {
     MacAddress m{};
@@ -138,8 +148,8 @@ Settings read_settings() {
         cc.port.has_mac = true;
         cc.port.mac = parse_mac(kv.at("mac"));
     }
-    cc.port.mtu = static_cast<std::uint16_t>(number(kv, "mtu", 1500));
-    cc.port.link_timeout = std::chrono::milliseconds(number(kv, "link_timeout_ms", 10000));
+    cc.port.mtu = static_cast<std::uint16_t>(number(kv, "mtu", 1500, 576, 65535));  // the port checks its device's maximum
+    cc.port.link_timeout = std::chrono::milliseconds(number(kv, "link_timeout_ms", 10000, 1, kDayMs));
     const std::string th = get("threading", "run_to_completion");
     if (th == "rx_thread") cc.threading.mode = ThreadingMode::rx_thread;
     else if (th != "run_to_completion") throw std::runtime_error("threading: run_to_completion or rx_thread, not '" + th + "'");
@@ -150,16 +160,16 @@ Settings read_settings() {
     else if (hp != "auto") throw std::runtime_error("hugepages: auto, on or off, not '" + hp + "'");
     cc.eal.no_huge_memory_mb = 256;
     cc.eal.lcores = get("lcores", "");
-    cc.max_qp = static_cast<std::uint32_t>(number(kv, "max_qp", 1024));  // as the C++ API (ContextConfig): perftest -q N, N QPs
-    cc.max_mr = static_cast<std::uint32_t>(number(kv, "max_mr", 1024));
-    s.progress_interval = std::chrono::microseconds(number(kv, "progress_interval_us", 500));
-    s.connect_retry = std::chrono::milliseconds(number(kv, "connect_retry_ms", 5000));
+    cc.max_qp = static_cast<std::uint32_t>(number(kv, "max_qp", 1024, 1, 65535));  // as the C++ API (ContextConfig): perftest -q N, N QPs
+    cc.max_mr = static_cast<std::uint32_t>(number(kv, "max_mr", 1024, 1, (1u << 24) - 1));
+    s.progress_interval = std::chrono::microseconds(number(kv, "progress_interval_us", 500, 0, 1000000));
+    s.connect_retry = std::chrono::milliseconds(number(kv, "connect_retry_ms", 5000, 0, kDayMs));
     const verbs::Liveness dl{};
-    s.liveness.keepalive_idle = std::chrono::milliseconds(number(kv, "keepalive_idle_ms", static_cast<unsigned long>(dl.keepalive_idle.count())));
+    s.liveness.keepalive_idle = std::chrono::milliseconds(number(kv, "keepalive_idle_ms", static_cast<unsigned long>(dl.keepalive_idle.count()), 1, kDayMs));
     s.liveness.keepalive_interval =
-        std::chrono::milliseconds(number(kv, "keepalive_interval_ms", static_cast<unsigned long>(dl.keepalive_interval.count())));
-    s.liveness.keepalive_probes = static_cast<unsigned>(number(kv, "keepalive_probes", dl.keepalive_probes));
-    s.liveness.user_timeout = std::chrono::milliseconds(number(kv, "user_timeout_ms", static_cast<unsigned long>(dl.user_timeout.count())));
+        std::chrono::milliseconds(number(kv, "keepalive_interval_ms", static_cast<unsigned long>(dl.keepalive_interval.count()), 1, kDayMs));
+    s.liveness.keepalive_probes = static_cast<unsigned>(number(kv, "keepalive_probes", dl.keepalive_probes, 0, 1000));
+    s.liveness.user_timeout = std::chrono::milliseconds(number(kv, "user_timeout_ms", static_cast<unsigned long>(dl.user_timeout.count()), 0, kDayMs));
     const std::string lv = get("log", "warn");  // the program's own output stays readable: warnings and errors
     bool found = false;
     for (auto l : {log::Level::trace, log::Level::debug, log::Level::info, log::Level::warn, log::Level::error, log::Level::off})
