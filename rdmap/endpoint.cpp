@@ -221,14 +221,16 @@ PostStatus Endpoint::post(const WorkRequest& wr) {
         break;
     case WrOp::write:
         if (wr.with_inv) return PostStatus::bad_wr;
-        if (len > 0 && wr.remote_to > ~std::uint64_t{0} - (len - 1)) return PostStatus::bad_wr;  // TO wrap
+        if (len > 0 && wr.remote_to > ~std::uint64_t{0} - (len - 1)) return PostStatus::bad_address;  // TO wrap
         break;
     case WrOp::read:
     case WrOp::fetch_add:
     case WrOp::cmp_swap:
         if (wr.with_imm || wr.with_inv || wr.num_sge != 0) return PostStatus::bad_wr;
         if (cfg_.ord == 0) return PostStatus::bad_wr;  // no READ/atomic credits negotiated: it could never go
-        if (wr.op != WrOp::read && (wr.remote_to & 7) != 0) return PostStatus::bad_wr;  // RFC 7306: aligned
+        if (wr.op != WrOp::read && (wr.remote_to & 7) != 0) return PostStatus::bad_address;  // RFC 7306: aligned
+        if (wr.op == WrOp::read && wr.read_len > 0 && wr.remote_to > ~std::uint64_t{0} - (wr.read_len - 1u))
+            return PostStatus::bad_address;  // the source's range wraps
         break;
     }
     if (sq_.full()) return PostStatus::queue_full;

@@ -62,7 +62,8 @@ struct WorkRequest {
     std::uint8_t num_sge{0};
 };
 
-enum class PostStatus : std::uint8_t { ok, queue_full, bad_wr, not_operational, not_agreed };
+// bad_address: the remote range wraps past 2^64, or an atomic's target is not 8-byte aligned (RFC 7306).
+enum class PostStatus : std::uint8_t { ok, queue_full, bad_wr, not_operational, not_agreed, bad_address };
 
 // Which half of a stream an endpoint runs. A stream has two endpoints, as a QP has two halves: `tx` (posting,
 // framing, READ/atomic responses, the TERMINATE) and `rx` (deframed input, placement, completions of inbound

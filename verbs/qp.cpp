@@ -230,6 +230,7 @@ PostResult<SendWr> Qp::post_send_inner(std::span<const SendWr> wrs) noexcept {
         case rdmap::PostStatus::bad_wr: return refuse(PostErrc::invalid_opcode);
         case rdmap::PostStatus::not_operational: return refuse(PostErrc::invalid_state);
         case rdmap::PostStatus::not_agreed: return refuse(PostErrc::not_agreed);
+        case rdmap::PostStatus::bad_address: return refuse(PostErrc::bad_remote_address);
         }
         schedule_tx();
     }
@@ -665,6 +666,7 @@ const char* to_string(PostErrc e) noexcept {
     case PostErrc::bad_lkey: return "bad lkey or SGE outside its region";
     case PostErrc::bad_length: return "bad length";
     case PostErrc::invalid_opcode: return "invalid opcode";
+    case PostErrc::bad_remote_address: return "bad remote address (the range wraps past 2^64, or an atomic's target is not 8-byte aligned)";
     case PostErrc::not_agreed: return "RFC 7306 operation (immediate data, atomic) on a connection that did not agree to it";
     }
     return "?";

@@ -158,6 +158,7 @@ enum class PostErrc : std::uint8_t {
     invalid_opcode,  // an opcode this QP cannot do (atomic/READ without ORD)
     not_agreed,      // immediate data or an atomic on a connection that did not agree to RFC 7306
                      // (ConnParam::rfc7306 on both ends); nothing was sent
+    bad_remote_address,  // WRITE/READ: remote address + length wraps past 2^64; atomic: target not 8-byte aligned
 };
 const char* to_string(PostErrc e) noexcept;
 

@@ -3,6 +3,8 @@
 // operation, and forged peer input producing the exact TERMINATE bytes.
 #include <catch2/catch.hpp>
 
+#include <array>
+
 #include <cstring>
 #include <vector>
 
@@ -564,7 +566,21 @@ TEST_CASE("post: bad work requests and a full queue", "[rdmap]") {
     WorkRequest fa;
     fa.op = WrOp::fetch_add;
     fa.remote_to = 4;  // atomics need 8-byte alignment
-    CHECK(a.ep.post(fa) == PostStatus::bad_wr);
+    CHECK(a.ep.post(fa) == PostStatus::bad_address);
+    WorkRequest wrap;
+    wrap.op = WrOp::write;
+    wrap.remote_to = ~std::uint64_t{0} - 2;
+    const std::array<std::byte, 4> four{};
+    wrap.sgl[0] = four;
+    wrap.num_sge = 1;
+    CHECK(a.ep.post(wrap) == PostStatus::bad_address);  // 4 bytes from 2^64-3 wrap
+    wrap.remote_to = ~std::uint64_t{0} - 3;
+    CHECK(a.ep.post(wrap) == PostStatus::ok);  // the last 4 bytes do not
+    WorkRequest rw;
+    rw.op = WrOp::read;
+    rw.remote_to = ~std::uint64_t{0};
+    rw.read_len = 2;
+    CHECK(a.ep.post(rw) == PostStatus::bad_address);
     SideConfig z;
     z.ep.ord = 0;
     Side noord(z);
@@ -572,8 +588,7 @@ TEST_CASE("post: bad work requests and a full queue", "[rdmap]") {
     r.op = WrOp::read;
     CHECK(noord.ep.post(r) == PostStatus::bad_wr);  // ORD 0: a READ could never be sent
     CHECK(a.ep.post(WorkRequest{}) == PostStatus::ok);
-    CHECK(a.ep.post(WorkRequest{}) == PostStatus::ok);
-    CHECK(a.ep.post(WorkRequest{}) == PostStatus::queue_full);
+    CHECK(a.ep.post(WorkRequest{}) == PostStatus::queue_full);  // with the WRITE above: two
 }
 
 TEST_CASE("output buffer too small for the next FPDU: nothing written, resumes later", "[rdmap]") {

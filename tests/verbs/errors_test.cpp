@@ -226,7 +226,8 @@ TEST_CASE("WRITE above and below the region: TERMINATE base or bounds", "[verbs]
     }
 }
 
-// A WRITE whose target address plus length wraps past 2^64 never reaches the wire: post_send refuses it (the
+// A WRITE (or READ) whose target address plus length wraps past 2^64 never reaches the wire: post_send refuses it
+// as a bad remote address (it said "invalid opcode" before; the
 // receiver's own check, TERMINATE "TO wrap", is tested on the endpoints in tests/rdmap), and the QP goes on.
 TEST_CASE("WRITE whose address plus length wraps past 2^64: refused at post, the connection goes on",
           "[verbs][memif]") {
@@ -245,7 +246,13 @@ TEST_CASE("WRITE whose address plus length wraps past 2^64: refused at post, the
         const verbs::Sge s = p.mr->sge(0, 32);
         const verbs::SendWr wrap{.wr_id = 1, .opcode = verbs::WrOpcode::rdma_write, .sg_list = {&s, 1},
                                  .rdma = {~std::uint64_t{0} - 15, p.remote.rkey}};
-        if (p.qp->post_send({&wrap, 1}).ok()) throw std::runtime_error("a wrapping WRITE was accepted");
+        if (const auto r = p.qp->post_send({&wrap, 1}); r.err != verbs::PostErrc::bad_remote_address)
+            throw std::runtime_error(std::string("a wrapping WRITE: ") + (r.ok() ? "accepted" : verbs::to_string(r.err)));
+        verbs::Sge sink = p.mr->sge(0, 32);
+        const verbs::SendWr read_wrap{.wr_id = 4, .opcode = verbs::WrOpcode::rdma_read, .sg_list = {&sink, 1},
+                                      .rdma = {~std::uint64_t{0} - 7, p.remote.rkey}};
+        if (const auto r = p.qp->post_send({&read_wrap, 1}); r.err != verbs::PostErrc::bad_remote_address)
+            throw std::runtime_error(std::string("a wrapping READ: ") + (r.ok() ? "accepted" : verbs::to_string(r.err)));
         const verbs::SendWr ok{.wr_id = 2, .opcode = verbs::WrOpcode::rdma_write, .sg_list = {&s, 1},
                                .rdma = {p.remote.addr + 96, p.remote.rkey}};
         p.post_send(ok);
