@@ -463,22 +463,26 @@ std::string Port::driver_state() const {
 // new connections and shut the control channel, release, and wait for the interrupt thread's disconnect.
 Port::CloseResult Port::finish_memif_link() noexcept {
     const bool held_throughout = guard_.held();  // the link still up: no disconnect has passed the lock
-    auto deadline = std::chrono::steady_clock::now() + kGateTimeout;
-    while (!guard_.try_hold()) {
-        if (std::chrono::steady_clock::now() >= deadline) {
-            log::error("{}: memif's control channel stayed locked ({}); left to process exit", name_,
-                          guard_.describe());
-            return CloseResult::left_to_exit;
+    // The lock (if the watcher had released it), by `deadline`; false logged.
+    const auto hold = [this](std::chrono::steady_clock::time_point deadline) {
+        while (!guard_.try_hold()) {
+            if (std::chrono::steady_clock::now() >= deadline) {
+                log::error("{}: memif's control channel stayed locked ({}); left to process exit", name_,
+                           guard_.describe());
+                return false;
+            }
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
         }
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
+        return true;
+    };
+    if (!hold(std::chrono::steady_clock::now() + kGateTimeout)) return CloseResult::left_to_exit;
     // Zero-copy client: the mbufs lent to the peer back to the pools. Only with the lock held since the link
     // came up: once the watcher let a disconnect through (and took them back itself), the driver may be
     // unmapping the rings right now.
     if (memif_zero_copy_ && held_throughout) guard_.reclaim_lent();
     guard_.shut_channel();
     guard_.release();
-    deadline = std::chrono::steady_clock::now() + kDisconnectTimeout;
+    const auto deadline = std::chrono::steady_clock::now() + kDisconnectTimeout;
     // Settled, and still refusing connections: the driver's disconnect clears its link flags with plain
     // read-modify-writes of the word shut_channel() set the refusing bit in, on the interrupt thread, so that bit
     // can be lost, and then a client's INIT be taken by this closing device. Once settled nothing of the driver's
@@ -496,14 +500,7 @@ Port::CloseResult Port::finish_memif_link() noexcept {
         }
         if (guard_.refusing()) break;
         refusals_restored_.fetch_add(1, std::memory_order_relaxed);
-        while (!guard_.try_hold()) {
-            if (std::chrono::steady_clock::now() >= deadline) {
-                log::error("{}: memif's control channel stayed locked ({}); left to process exit", name_,
-                              guard_.describe());
-                return CloseResult::left_to_exit;
-            }
-            std::this_thread::sleep_for(std::chrono::milliseconds(1));
-        }
+        if (!hold(deadline)) return CloseResult::left_to_exit;
         guard_.shut_channel();
         guard_.release();
     }
